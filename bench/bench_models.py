@@ -1,0 +1,93 @@
+"""Forward+backward time and peak memory of every tiny family: sdpa vs eager, with and without gradient
+checkpointing, on the family's own training input (block families: the doubled ``[x_t ‖ x_0]`` layout).
+
+    python bench/bench_models.py                      # batch 4, sequence 512, all families
+    python bench/bench_models.py --seq 1024 --families sdar llada2 --hidden 256
+
+Each configuration runs in a forked child so its peak resident memory (VmHWM - VmRSS before the step) is its own.
+On a GPU (``--device cuda``) the peak is ``torch.cuda.max_memory_allocated``.
+"""
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+
+from dare.models import FAMILIES, Family, tiny
+
+
+def rss_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+    return 0
+
+
+def step(fam, model, x):
+    xt = x.masked_fill(torch.rand(x.shape, device=x.device) < 0.5, fam.mask_id)
+    lg = fam.logits(model, xt, clean_ids=x if fam.block_size else None)
+    loss = torch.nn.functional.cross_entropy(lg.flatten(0, 1).float(), x.flatten())
+    loss.backward()
+
+
+def run(args, family, attn, ckpt, queue):
+    torch.manual_seed(0)
+    overrides = dict(hidden_size=args.hidden) if args.hidden else {}
+    if args.hidden and family == "llada":
+        overrides = dict(d_model=args.hidden)
+    model, tok = tiny(family, **overrides)
+    model.config._attn_implementation = attn
+    model.to(args.device).train()
+    if ckpt:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    fam = Family.from_pretrained(model.config, tok)
+    x = torch.randint(20, len(tok), (args.batch, args.seq), device=args.device)
+    step(fam, model, x)  # warm-up
+    before = rss_kib("VmRSS")
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.repeats):
+        model.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        step(fam, model, x)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    peak_mib = (torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda"
+                else (rss_kib("VmHWM") - before) / 1024)
+    params = sum(p.numel() for p in model.parameters())
+    queue.put((statistics.median(times), peak_mib, params))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
+    p.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512)")
+    p.add_argument("--hidden", type=int, default=0, help="override the tiny hidden size (0 = tiny default)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration, median reported")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    ctx = mp.get_context("fork")
+    print(f"batch {args.batch} x seq {args.seq}, device {args.device}, torch threads {torch.get_num_threads()}")
+    print(f"| family | params | attention | grad ckpt | fwd+bwd ms | tokens/s | peak MiB |")
+    print(f"|---|---|---|---|---|---|---|")
+    for family in args.families:
+        for attn in ("sdpa", "eager"):
+            for ckpt in (False, True):
+                queue = ctx.Queue()
+                proc = ctx.Process(target=run, args=(args, family, attn, ckpt, queue))
+                proc.start()
+                seconds, peak, params = queue.get()
+                proc.join()
+                tps = args.batch * args.seq / seconds
+                print(f"| {family} | {params / 1e6:.2f}M | {attn} | {'on' if ckpt else 'off'} | "
+                      f"{seconds * 1e3:.1f} | {tps:,.0f} | {peak:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

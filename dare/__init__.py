@@ -1,0 +1,3 @@
+"""DARE: post-training toolkit for diffusion large language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,24 @@
+"""Model families, registered with the transformers Auto classes under the official ``model_type`` names, so an
+official checkpoint folder loads with ``from_pretrained`` and no ``trust_remote_code``."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .dream import DreamConfig, DreamModel
+from .family import Family
+from .llada import LLaDAConfig, LLaDAModelLM
+from .llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
+from .loading import load_pretrained, load_tokenizer
+from .sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
+from .tiny import TINY, save_tiny, tiny
+
+for _config, _model in [(LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), (SDARConfig, SDARForCausalLM),
+                        (SDARMoeConfig, SDARMoeForCausalLM), (LLaDA2MoeConfig, LLaDA2MoeModelLM)]:
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _model, exist_ok=True)
+
+FAMILIES = tuple(TINY)
+
+__all__ = ["FAMILIES", "Family", "TINY", "load_pretrained", "load_tokenizer", "save_tiny", "tiny",
+           "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
+           "SDARConfig", "SDARForCausalLM", "SDARMoeConfig", "SDARMoeForCausalLM"]

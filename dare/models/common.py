@@ -1,0 +1,245 @@
+"""What every family shares: the config clean-up, rotary embedding, gated MLP, sparse MoE, the backbone forward
+(positions -> family attention mask -> layers -> final norm) and the LM wrapper.
+
+A family file only declares its modules under the official names and, where needed, its own attention or router.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from . import masks
+
+
+def clean_checkpoint_kwargs(kwargs: dict) -> dict:
+    """Drop config.json keys that only make sense for the official remote code: its ``auto_map`` (we load without
+    ``trust_remote_code``) and a hard-coded ``attn_implementation`` (flash/flex there; the caller chooses here)."""
+    for key in ("auto_map", "attn_implementation"):
+        kwargs.pop(key, None)
+    if "rope_scaling" in kwargs and kwargs["rope_scaling"] is None:
+        del kwargs["rope_scaling"]
+    return kwargs
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE over the first ``dim`` dims of each head (``dim < head_dim`` = partial RoPE).
+    Frequencies are computed on the fly in fp32 (no buffers: nothing to re-initialise after meta loading)."""
+
+    def __init__(self, dim: int, theta: float):
+        super().__init__()
+        self.dim, self.theta = dim, float(theta)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        exponent = torch.arange(0, self.dim, 2, device=x.device, dtype=torch.float32) / self.dim
+        inv_freq = 1.0 / (self.theta**exponent)
+        freqs = position_ids[..., None].float() * inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """RoPE on ``[B, H, L, D]`` tensors; with ``cos.shape[-1] < D`` only the leading dims rotate."""
+    cos, sin = cos[:, None], sin[:, None]
+    d = cos.shape[-1]
+
+    def rotate(x):
+        x_rot, x_pass = x[..., :d], x[..., d:]
+        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+def attend(module: nn.Module, q, k, v, attention_mask, cache: Cache | None, **kwargs) -> torch.Tensor:
+    """Shared tail of our own attention modules: cache update, the configured attention function, ``[B, L, H*D]``."""
+    if cache is not None:
+        k, v = cache.update(k, v, module.layer_idx)
+    fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
+    out, _ = fn(module, q, k, v, attention_mask, dropout=0.0, scaling=module.scaling, is_causal=False, **kwargs)
+    return out.reshape(*out.shape[:2], -1).contiguous()
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward ``down(act(gate(x)) * up(x))`` under the Llama/Qwen names."""
+
+    def __init__(self, hidden: int, inner: int, act: str = "silu"):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act_fn = ACT2FN[act]
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Router weight ``[E, H]`` (+ the selection-only ``expert_bias`` buffer of LLaDA2). Deliberately not an
+    ``nn.Linear``: PEFT's "all-linear" must not put adapters on routers."""
+
+    def __init__(self, hidden: int, num_experts: int, expert_bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Router logits in fp32."""
+        return nn.functional.linear(h.float(), self.weight.float())
+
+
+class SparseMoE(nn.Module):
+    """Token-choice mixture of experts stored as one ``GatedMLP`` per expert (``experts.E.*`` as in the official
+    checkpoints, so LoRA can target expert projections). ``route(h)`` returns ``(weights, indices)`` ``[T, k]``."""
+
+    def __init__(self, hidden: int, inner: int, num_experts: int, act: str = "silu", expert_bias: bool = False):
+        super().__init__()
+        self.gate = Router(hidden, num_experts, expert_bias)
+        self.experts = nn.ModuleList(GatedMLP(hidden, inner, act) for _ in range(num_experts))
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(-1, x.shape[-1])
+        weights, indices = self.route(h)
+        out = torch.zeros_like(h)
+        for e in indices.unique().tolist():
+            token, slot = torch.where(indices == e)
+            out.index_add_(0, token, (self.experts[e](h[token]) * weights[token, slot, None]).to(h.dtype))
+        return out.view_as(x)
+
+
+class DiffusionPreTrainedModel(PreTrainedModel):
+    """Base of every family's model classes."""
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, Router):
+            nn.init.normal_(module.weight, std=getattr(self.config, "initializer_range", 0.02))
+            if hasattr(module, "expert_bias"):
+                nn.init.zeros_(module.expert_bias)
+
+
+class DiffusionBackbone(DiffusionPreTrainedModel):
+    """The decoder stack. Subclasses create ``embed_tokens``, ``layers``, ``norm`` and ``rotary_emb`` (properties
+    are fine where the official names differ) and set ``self.block_size`` (None = bidirectional).
+
+    ``attention_mask`` may be a 2-D padding mask over ``past + current`` tokens (HF convention; positions and block
+    ids then count real tokens only) or a ready 4-D additive mask, used as given (with explicit ``position_ids``).
+    """
+
+    block_size: int | None = None
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool = False,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        past = cache.get_seq_length() if cache is not None else 0
+        position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past)
+        position_embeddings = self.rotary_emb(h, position_ids)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache,
+                      position_embeddings=position_embeddings, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), cache=cache)
+
+    def _positions_and_mask(self, attention_mask, position_ids, h, past):
+        batch, length = h.shape[:2]
+        if attention_mask is not None and attention_mask.dim() == 4:
+            if position_ids is None:
+                raise ValueError("A 4-D attention mask needs explicit position_ids.")
+            return position_ids, attention_mask.to(h.dtype)
+        if attention_mask is not None:
+            if attention_mask.shape != (batch, past + length):
+                raise ValueError(
+                    f"attention_mask must cover cached + current tokens: expected {(batch, past + length)}, "
+                    f"got {tuple(attention_mask.shape)}")
+            all_pos = masks.positions_from_padding(attention_mask)
+            k_valid = None if bool(attention_mask.all()) else attention_mask.bool()
+        else:
+            all_pos = torch.arange(past + length, device=h.device).expand(batch, -1)
+            k_valid = None
+        if position_ids is None:
+            position_ids = all_pos[:, past:]
+        k_pos = torch.cat([all_pos[:, :past], position_ids.expand(batch, -1)], dim=1)
+        ok = masks.visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
+        if self.config._attn_implementation.startswith("flash"):
+            return position_ids, self._flash_mask(ok, attention_mask)
+        return position_ids, masks.additive(ok, h.dtype)
+
+    def _flash_mask(self, ok, attention_mask):
+        """flash-attn takes no arbitrary mask: padding goes as the 2-D mask (varlen), block structure cannot."""
+        if ok is None or bool(ok.all()):
+            return None
+        if self.block_size is None:
+            return attention_mask
+        raise ValueError(
+            f"{self.config._attn_implementation} cannot express the block-causal mask of this call; load the model "
+            "with attn_implementation='sdpa' (or 'eager') for block-diffusion prefill and training.")
+
+
+class DiffusionLM(DiffusionPreTrainedModel):
+    """``backbone -> LM head``; returns raw (unshifted) logits. Use ``dare.models.Family.logits`` for logits aligned
+    to the denoised positions. ``logits_to_keep`` (int: last k; or an index tensor) avoids materialising
+    vocabulary-sized rows that nobody reads."""
+
+    _tied_weights_keys: dict = {}
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new):
+        self.lm_head = new
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, new):
+        self.model.embed_tokens = new
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=False, logits_to_keep: int | torch.Tensor = 0, **kwargs):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, **kwargs)
+        h = out.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            h = h[:, -logits_to_keep:] if logits_to_keep else h
+        else:
+            h = h[:, logits_to_keep]
+        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(h), cache=out.cache)
+
+
+__all__ = [
+    "DiffusionBackbone", "DiffusionLM", "DiffusionPreTrainedModel", "GatedMLP", "RotaryEmbedding", "Router", "SparseMoE",
+    "apply_rotary", "attend", "clean_checkpoint_kwargs",
+]

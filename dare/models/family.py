@@ -1,0 +1,105 @@
+"""The ``Family`` record: everything that differs between model families, resolved once from a model config and
+its tokenizer, plus THE function that returns logits aligned to the positions being denoised.
+
+Every sampler, loss and estimator calls ``Family.logits``; nothing else re-implements Dream's shift or the block
+masks (those live in ``masks.py``, used here and by the models' own forward).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from . import masks
+from .tokenizers import TURN_END
+
+# model_type -> (family name, logits shifted by one: prediction for token i read at position i-1)
+KNOWN = {"llada": ("llada", False), "Dream": ("dream", True), "sdar": ("sdar", False),
+         "sdar_moe": ("sdar_moe", False), "llada2_moe": ("llada2", False)}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                      # llada | dream | sdar | sdar_moe | llada2
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    bos_id: int | None
+    stop_ids: tuple[int, ...]      # EOS and the turn terminator the model emits
+    shift: bool                    # Dream: logits at i-1 predict token i
+    block_size: int | None         # None = fully bidirectional (masked diffusion)
+    vocab_size: int
+
+    @property
+    def is_block_diffusion(self) -> bool:
+        return self.block_size is not None
+
+    @classmethod
+    def from_pretrained(cls, config, tokenizer=None) -> "Family":
+        """Resolve ids in the reference order: config.json first; then the tokenizer's bos/eos/pad; the mask id
+        from the tokenizer if it declares a mask token (Dream, SDAR, LLaDA2), else config.mask_token_id (LLaDA)."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in KNOWN:
+            raise ValueError(f"Unknown model family {model_type!r}; known model_type values: {sorted(KNOWN)}")
+        name, shift = KNOWN[model_type]
+        ids = {k: _first(getattr(config, f"{k}_token_id", None)) for k in ("mask", "eos", "pad", "bos")}
+        stop = []
+        if tokenizer is not None:
+            for k in ("bos", "eos", "pad"):
+                if getattr(tokenizer, f"{k}_token", None) is not None:
+                    ids[k] = getattr(tokenizer, f"{k}_token_id")
+            if getattr(tokenizer, "mask_token", None) is not None:
+                ids["mask"] = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
+            turn_end = tokenizer.convert_tokens_to_ids(TURN_END[name.removesuffix("_moe")])
+            if turn_end is not None and turn_end != tokenizer.unk_token_id:
+                stop.append(turn_end)
+        vocab = getattr(config, "embedding_size", None) or config.vocab_size
+        if ids["mask"] is None:
+            raise ValueError(f"{name}: no mask token: the tokenizer declares none and config.mask_token_id is unset")
+        if not 0 <= ids["mask"] < vocab:
+            raise ValueError(f"{name}: mask token id {ids['mask']} is outside the vocabulary (size {vocab})")
+        if ids["eos"] is None:
+            raise ValueError(f"{name}: no EOS token id in the config or the tokenizer")
+        if ids["pad"] is None:
+            ids["pad"] = ids["eos"]
+        stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
+        return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift,
+                   getattr(config, "block_size", None), vocab)
+
+    def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+               clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+               cache=None) -> torch.Tensor:
+        """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``.
+
+        * plain layout (``clean_ids=None``): the model's own attention (bidirectional, or block-causal for block
+          families), with a padding mask and an optional cache. For a shifted family (Dream) position 0 of the
+          call has no prediction and repeats position 1's source (never a target when the call starts the
+          sequence; a chunk that starts mid-sequence must include one preceding token).
+        * doubled layout (``clean_ids`` given, block families): the model reads ``[x_t ‖ x_0]`` with the three
+          BD3LM attention rules and the logits of the noisy half are returned.
+        """
+        if clean_ids is None:
+            if cache is not None and self.block_size is not None:
+                self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        cache=cache).logits
+            return torch.cat([out[:, :1], out[:, :-1]], dim=1) if self.shift else out
+        if self.block_size is None:
+            raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
+        if cache is not None or position_ids is not None:
+            raise ValueError("The [x_t ‖ x_0] layout derives its own positions and takes no cache.")
+        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size)
+        dtype = next(model.parameters()).dtype
+        out = model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos).logits
+        return out[:, : input_ids.shape[1]]
+
+    def _check_whole_blocks(self, cache, attention_mask, length):
+        past = cache.get_seq_length()
+        real = attention_mask[:, :past].sum(-1) if attention_mask is not None else torch.tensor([past])
+        if bool((real % self.block_size).any()):
+            raise ValueError(
+                f"{self.name}: the KV cache must hold whole blocks of {self.block_size} real tokens, got "
+                f"{real.tolist()}; prefill the prompt up to a block boundary and decode the partial block")
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value

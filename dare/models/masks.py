@@ -1,0 +1,77 @@
+"""Attention rules of every family, in one place.
+
+A token is described by its position (counted from 0 of the unpadded sequence), whether it is a real token
+(not padding) and, in the block-diffusion training layout ``[x_t ‖ x_0]``, whether it belongs to the clean half.
+Block ids are ``position // block_size`` (the "global" block origin). One rule covers all layouts:
+
+* ``block_size is None`` (LLaDA, Dream): every query sees every real key.
+* plain layout (every token counts as clean): block-causal, ``block(q) >= block(k)``.
+* doubled layout ``[x_t ‖ x_0]`` (SDAR / LLaDA2 training, BD3LM):
+  - same block and same half, or
+  - noisy query, clean key, ``block(q) > block(k)`` (a noisy block sees the clean earlier blocks), or
+  - clean query, clean key, ``block(q) >= block(k)`` (the clean half is block-causal).
+
+Masks are additive float tensors ``[B, 1, Q, K]`` (0 = visible, dtype minimum = hidden) built in the query dtype:
+transformers' eager path adds a bool mask as 0/1, and torch's CPU sdpa mixes dtypes wrongly in float64.
+"""
+
+import torch
+
+
+def positions_from_padding(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of a (left- or right-) padded batch: real tokens count 0, 1, 2, ...; pads repeat a neighbour."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def visible(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    block_size: int | None,
+    k_valid: torch.Tensor | None = None,
+    q_clean: torch.Tensor | None = None,
+    k_clean: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query."""
+    if block_size is None and k_valid is None:
+        return None
+    batch = max(q_pos.shape[0], k_pos.shape[0], 1 if k_valid is None else k_valid.shape[0])
+    ok = torch.ones(batch, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
+    if block_size is not None:
+        qb = (q_pos // block_size)[:, :, None]
+        kb = (k_pos // block_size)[:, None, :]
+        if q_clean is None:
+            ok = ok & (qb >= kb)
+        else:
+            qc, kc = q_clean[:, :, None], k_clean[:, None, :]
+            same_half = qc == kc
+            ok = ok & (((qb == kb) & same_half) | (~qc & kc & (qb > kb)) | (qc & kc & (qb >= kb)))
+    if k_valid is not None:
+        ok = ok & k_valid.bool()[:, None, :]
+    return ok
+
+
+def additive(ok: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``[B, Q, K]`` bool -> ``[B, 1, Q, K]`` additive float mask (None stays None)."""
+    if ok is None:
+        return None
+    bias = torch.zeros(ok.shape, dtype=dtype, device=ok.device)
+    return bias.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
+
+
+def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.Tensor | None, block_size: int):
+    """Inputs for the ``[x_t ‖ x_0]`` layout: ids ``[B, 2L]``, positions ``[B, 2L]`` (duplicated) and the boolean
+    visibility ``[B, 2L, 2L]``."""
+    if x_t.shape != x_0.shape:
+        raise ValueError(f"x_t and x_0 must have the same shape, got {tuple(x_t.shape)} and {tuple(x_0.shape)}")
+    batch, length = x_t.shape
+    if attention_mask is None:
+        pos = torch.arange(length, device=x_t.device).expand(batch, length)
+        valid = None
+    else:
+        pos, valid = positions_from_padding(attention_mask), attention_mask.bool()
+        valid = torch.cat([valid, valid], dim=1)
+    pos2 = torch.cat([pos, pos], dim=1)
+    clean = torch.zeros(batch, 2 * length, dtype=torch.bool, device=x_t.device)
+    clean[:, length:] = True
+    ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean)
+    return torch.cat([x_t, x_0], dim=1), pos2, ok

@@ -1,0 +1,41 @@
+"""Tiny random models with the real architectures scaled down, for tests and the offline quickstart.
+
+    model, tokenizer = dare.models.tiny("sdar")
+    dare.models.save_tiny("sdar", "out/tiny-sdar")      # a normal HF folder; from_pretrained reloads it
+"""
+
+import torch
+
+from . import dream, llada, llada2, sdar
+from .tokenizers import tiny_tokenizer
+
+TINY = {
+    "llada": (llada.tiny_config, llada.LLaDAModelLM),
+    "dream": (dream.tiny_config, dream.DreamModel),
+    "sdar": (sdar.tiny_config, sdar.SDARForCausalLM),
+    "sdar_moe": (sdar.tiny_moe_config, sdar.SDARMoeForCausalLM),
+    "llada2": (llada2.tiny_config, llada2.LLaDA2MoeModelLM),
+}
+
+
+def tiny(family: str, seed: int = 0, **config_overrides):
+    """``(model, tokenizer)``: a random model of ``family`` (a few MB) and its tiny tokenizer, ids wired together."""
+    if family not in TINY:
+        raise ValueError(f"Unknown family {family!r}; known: {sorted(TINY)}")
+    make_config, model_class = TINY[family]
+    tok = tiny_tokenizer(family)
+    mask = tok.mask_token or "<|mdm_mask|>"  # LLaDA's tokenizer declares no mask token: the id lives in the config
+    ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask), eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    config = make_config(len(tok), **{**ids, **config_overrides})
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_class(config)
+    return model.eval(), tok
+
+
+def save_tiny(family: str, path, seed: int = 0, **config_overrides) -> str:
+    model, tok = tiny(family, seed, **config_overrides)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
