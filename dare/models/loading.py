@@ -26,7 +26,12 @@ def load_tokenizer(name_or_path: str, **kwargs):
 
 def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
                     **kwargs):
-    """``(model, tokenizer, family)`` for any supported checkpoint (official weights load into our classes)."""
+    """``(model, tokenizer, family)`` for any supported checkpoint (official weights load into our classes).
+    ``tiny:<family>`` (e.g. ``tiny:sdar``) gives a random tiny model, for trying commands offline."""
+    if name_or_path.startswith("tiny:"):
+        from .tiny import tiny
+        model, tokenizer = tiny(name_or_path.removeprefix("tiny:"))
+        return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
                                                  trust_remote_code=False, **kwargs)
     tokenizer = load_tokenizer(name_or_path)

@@ -1,0 +1,90 @@
+"""Generation for every family: masked diffusion (LLaDA, Dream; semi-autoregressive blocks, Fast-dLLM prefix/dual
+cache, confidence-threshold parallel decoding) and block diffusion (SDAR, LLaDA2; block-wise KV cache, static or
+dynamic unmasking). Every sampler returns the trajectory (the step at which each token was fixed).
+
+    out = generate(model, family, prompt_ids, prompt_mask, SamplingConfig(gen_length=256, steps=256))
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .primitives import CONFIDENCE
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding knobs. ``steps``/``block_length`` default per family: masked diffusion = one step per token over
+    one block of ``gen_length``; block diffusion = the model's block size and one step per block token."""
+
+    gen_length: int = 128  # tokens to generate per prompt
+    block_length: int | None = None  # masked: semi-AR block (divides gen_length); block families: model block size
+    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    temperature: float = 0.0  # 0 = greedy; else Gumbel-max sampling in float64
+    top_k: int | None = None
+    top_p: float | None = None
+    remasking: str = "low_confidence"  # confidence used to pick positions: see CONFIDENCE (+ "origin" for Dream)
+    schedule: str = "linear"  # tokens per step: "linear" (LLaDA even split) or "dream" (floor(m*(1-s/t)))
+    eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
+    alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
+    threshold: float | None = None  # parallel decoding: commit every position with confidence >= threshold
+    threshold_floor: str = "one"  # with threshold: commit at least "one" (Fast-dLLM/SGLang) or the "schedule" count (SDAR dynamic)
+    factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
+    cache: str | None = None  # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
+    cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
+    suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
+    stop_at_eos: bool = True  # block families: stop a sequence once a stop token is generated
+    record_states: bool = False  # also return the canvas after every step (MDPO-style records)
+
+    def validate(self):
+        known = sorted([*CONFIDENCE, "origin"])
+        if self.remasking not in known:
+            raise ValueError(f"Unknown remasking algorithm {self.remasking!r}; known: {known}")
+        if self.schedule not in ("linear", "dream"):
+            raise ValueError(f"Unknown schedule {self.schedule!r}; known: ['dream', 'linear']")
+        if self.cache not in (None, "none", "prefix", "dual", "block"):
+            raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
+        if self.threshold_floor not in ("one", "schedule"):
+            raise ValueError(f"threshold_floor must be 'one' or 'schedule', got {self.threshold_floor!r}")
+        if self.gen_length <= 0:
+            raise ValueError(f"gen_length must be positive, got {self.gen_length}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.threshold is not None and self.factor is not None:
+            raise ValueError("Set either threshold or factor, not both.")
+        if self.remasking == "origin" and self.schedule != "dream":
+            raise ValueError("remasking='origin' (independent per-position flips) needs schedule='dream'")
+        return self
+
+
+@dataclass
+class Generation:
+    """``sequences`` holds the generated region only ``[N, gen_length]``. ``step_map`` is the global step at which
+    each token was fixed and ``block_step`` the step inside its block (-1: never generated, e.g. after an early
+    stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded."""
+
+    sequences: torch.Tensor
+    step_map: torch.Tensor
+    block_step: torch.Tensor
+    nfe: int = 0  # model forward calls
+    states: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return (self.step_map >= 0).sum(-1)
+
+
+def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
+             config: SamplingConfig | None = None, generator: torch.Generator | None = None) -> Generation:
+    """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler."""
+    from .block import generate_block
+    from .masked import generate_masked
+    config = (config or SamplingConfig()).validate()
+    if prompt_mask is None:
+        prompt_mask = torch.ones_like(prompt_ids)
+    sampler = generate_block if family.is_block_diffusion else generate_masked
+    with torch.no_grad():
+        return sampler(model, family, prompt_ids, prompt_mask.long(), config, generator)
+
+
+__all__ = ["Generation", "SamplingConfig", "generate"]

@@ -1,0 +1,107 @@
+"""Masked-diffusion decoding (LLaDA, Dream): semi-autoregressive blocks over a fixed-length canvas of masks.
+
+Per block, each step proposes a token for every masked position and commits some of them: the scheduled count
+(LLaDA's even split, or Dream's ``floor(m (1 - s/t))``) of the most confident, or every position above a
+confidence threshold (Fast-dLLM parallel decoding). Fast-dLLM caches: "prefix" keeps the K/V of everything before
+the block from the block's first (full) pass; "dual" keeps the whole canvas and overwrites the block's rows in
+place. Both refresh at every block and are approximations for bidirectional models (stale K/V).
+"""
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..models.masks import positions_from_padding
+from .cache import move_tail, truncate
+from .primitives import decode_step, dream_count, linear_schedule
+
+
+def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
+    from . import Generation
+    n_rows, p_len = prompt_ids.shape
+    length = cfg.gen_length
+    block = cfg.block_length or length
+    cache_mode = cfg.cache or "none"
+    if cache_mode == "block":
+        raise ValueError(f"{family.name} is a masked-diffusion family: cache must be 'none', 'prefix' or 'dual'")
+    if length % block:
+        raise ValueError(f"gen_length {length} is not divisible by block_length {block}")
+    n_blocks = length // block
+    steps = cfg.steps or length
+    if steps > length:
+        raise ValueError(f"steps ({steps}) is larger than the number of tokens to generate ({length})")
+    if steps % n_blocks:
+        raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
+    if cfg.cfg_scale and cache_mode != "none":
+        raise ValueError("classifier-free guidance needs cache='none'")
+    per_block = steps // n_blocks
+    dynamic = cfg.threshold is not None or cfg.factor is not None
+    mask_id, shift = family.mask_id, int(family.shift)
+
+    x = torch.cat([prompt_ids, prompt_ids.new_full((n_rows, length), mask_id)], dim=1)
+    attn = torch.cat([prompt_mask, prompt_mask.new_ones(n_rows, length)], dim=1)
+    positions = positions_from_padding(attn)
+    step_map = torch.full((n_rows, length), -1, dtype=torch.long, device=x.device)
+    block_step = step_map.clone()
+    out = Generation(x[:, p_len:], step_map, block_step)
+
+    def logits_full(cache=None):
+        lg = family.logits(model, x, attn, cache=cache)
+        if cfg.cfg_scale:
+            uncond = x.clone()
+            uncond[:, :p_len][prompt_mask.bool()] = mask_id
+            lg_u = family.logits(model, uncond, attn)
+            out.nfe += 1
+            lg = lg_u + (cfg.cfg_scale + 1) * (lg - lg_u)
+        return lg
+
+    step = 0
+    for b in range(n_blocks):
+        start, end = p_len + b * block, p_len + (b + 1) * block
+        masked = x[:, start:end] == mask_id
+        schedule = linear_schedule(masked.sum(-1), per_block)
+        times = torch.linspace(1, cfg.eps, per_block + 1).tolist()
+        cache, j = None, 0
+        while masked.any() and (dynamic or j < per_block):
+            first = start - shift  # first position fed after the block's full pass (one earlier for Dream)
+            if j == 0 or cache_mode == "none":
+                cache = DynamicCache() if cache_mode != "none" else None
+                lg = logits_full(cache)[:, start:end]
+                if cache_mode == "prefix":
+                    truncate(cache, first)
+            elif cache_mode == "prefix":
+                lg = family.logits(model, x[:, first:], attn, cache=cache)[:, shift:shift + block]
+                truncate(cache, first)
+            else:  # dual: hide the block's stale rows, feed the block, move its fresh K/V in place
+                stale = attn.clone()
+                stale[:, first:end] = 0
+                lg = family.logits(model, x[:, first:end], torch.cat([stale, attn[:, first:end]], 1),
+                                   position_ids=positions[:, first:end], cache=cache)[:, shift:shift + block]
+                move_tail(cache, first, end)
+            out.nfe += 1
+
+            n = _count(cfg, schedule, masked, times, j, per_block, dynamic, generator)
+            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator)
+            x[:, start:end][chosen] = x0[chosen]
+            step_map[:, start - p_len:end - p_len][chosen] = step
+            block_step[:, start - p_len:end - p_len][chosen] = j
+            masked &= ~chosen
+            step, j = step + 1, j + 1
+            if cfg.record_states:
+                out.states.append(x[:, p_len:].clone())
+    out.sequences = x[:, p_len:]
+    return out
+
+
+def _count(cfg, schedule, masked, times, j, per_block, dynamic, generator):
+    """Tokens to commit at block step ``j`` (the floor for threshold decoding; never 0 past the schedule)."""
+    left = masked.sum(-1)
+    if j >= per_block:
+        return (left > 0).long()
+    if cfg.schedule == "linear":
+        n = schedule[:, j]
+    elif cfg.remasking == "origin":  # Dream: each masked position flips independently with prob 1 - s/t
+        p = 1.0 if j == per_block - 1 else 1 - times[j + 1] / times[j]
+        n = torch.binomial(left.double(), torch.full_like(left, p, dtype=torch.double), generator=generator).long()
+    else:
+        n = dream_count(left, times[j], times[j + 1], last=j == per_block - 1)
+    return torch.maximum(n, (left > 0).long()) if dynamic else n
