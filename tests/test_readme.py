@@ -23,3 +23,28 @@ def test_commands_refer_to_real_files():
     assert "python -m pytest -q" in shell and "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
     for req in re.findall(r"-r (\S+)", shell):
         assert req in ("requirements.txt", "req-gpu.txt") and (ROOT / "requirements.txt").exists()
+
+
+def tiny_name(model: str) -> str:
+    for key, family in (("tiny:", None), ("LLaDA2", "llada2"), ("LLaDA", "llada"), ("Dream", "dream"),
+                        ("SDAR-30B", "sdar_moe"), ("SDAR", "sdar")):
+        if key in model:
+            return model if family is None else f"tiny:{family}"
+    raise AssertionError(f"README names a model of no known family: {model}")
+
+
+def test_evaluate_commands_run_with_tiny_stand_ins():
+    """Each README `python evaluate.py ...` line runs as written, with hub models swapped for tiny stand-ins of
+    the same family (no downloads here); chat-mode lines get one user turn on stdin."""
+    import shlex
+    import subprocess
+    import sys
+    lines = [ln.split("#")[0].strip() for ln in README.splitlines() if ln.startswith("python evaluate.py")]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line)[2:]
+        argv[argv.index("--model") + 1] = tiny_name(argv[argv.index("--model") + 1])
+        res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], input="hello\n", text=True,
+                             capture_output=True, timeout=300, cwd=ROOT)
+        assert res.returncode == 0, (line, res.stderr[-2000:])
+        assert "tokens/s" in res.stderr, line

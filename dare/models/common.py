@@ -145,6 +145,8 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
 
     ``attention_mask`` may be a 2-D padding mask over ``past + current`` tokens (HF convention; positions and block
     ids then count real tokens only) or a ready 4-D additive mask, used as given (with explicit ``position_ids``).
+    ``key_position_ids`` ``[B, past + current]`` overrides the key positions derived from a 2-D mask, for callers
+    that hide real cached tokens (the dual cache hides a block's stale rows without moving the keys after it).
     """
 
     block_size: int | None = None
@@ -157,6 +159,7 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool = False,
+        key_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
@@ -165,14 +168,14 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache()
         past = cache.get_seq_length() if cache is not None else 0
-        position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past)
+        position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids)
         position_embeddings = self.rotary_emb(h, position_ids)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache,
                       position_embeddings=position_embeddings, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), cache=cache)
 
-    def _positions_and_mask(self, attention_mask, position_ids, h, past):
+    def _positions_and_mask(self, attention_mask, position_ids, h, past, key_position_ids=None):
         batch, length = h.shape[:2]
         if attention_mask is not None and attention_mask.dim() == 4:
             if position_ids is None:
@@ -191,6 +194,11 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         if position_ids is None:
             position_ids = all_pos[:, past:]
         k_pos = torch.cat([all_pos[:, :past], position_ids.expand(batch, -1)], dim=1)
+        if key_position_ids is not None:
+            if key_position_ids.shape[-1] != past + length:
+                raise ValueError(f"key_position_ids must cover cached + current tokens ({past + length}), "
+                                 f"got {key_position_ids.shape[-1]}")
+            k_pos = key_position_ids.expand(batch, -1)
         ok = masks.visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
         if self.config._attn_implementation.startswith("flash"):
             return position_ids, self._flash_mask(ok, attention_mask)

@@ -67,7 +67,7 @@ class Family:
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-               cache=None) -> torch.Tensor:
+               cache=None, key_position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``.
 
         * plain layout (``clean_ids=None``): the model's own attention (bidirectional, or block-causal for block
@@ -81,7 +81,7 @@ class Family:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
             out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        cache=cache).logits
+                        cache=cache, key_position_ids=key_position_ids).logits
             return torch.cat([out[:, :1], out[:, :-1]], dim=1) if self.shift else out
         if self.block_size is None:
             raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
@@ -93,9 +93,13 @@ class Family:
         return out[:, : input_ids.shape[1]]
 
     def _check_whole_blocks(self, cache, attention_mask, length):
+        """Rows that feed real tokens must have whole blocks cached (rows feeding only padding are done)."""
         past = cache.get_seq_length()
-        real = attention_mask[:, :past].sum(-1) if attention_mask is not None else torch.tensor([past])
-        if bool((real % self.block_size).any()):
+        if attention_mask is None:
+            real, feeding = torch.tensor([past]), torch.tensor([True])
+        else:
+            real, feeding = attention_mask[:, :past].sum(-1), attention_mask[:, past:].bool().any(-1)
+        if bool(((real % self.block_size != 0) & feeding).any()):
             raise ValueError(
                 f"{self.name}: the KV cache must hold whole blocks of {self.block_size} real tokens, got "
                 f"{real.tolist()}; prefill the prompt up to a block boundary and decode the partial block")

@@ -82,6 +82,9 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     config = (config or SamplingConfig()).validate()
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
+    if bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
+        raise ValueError("Prompts must be left-padded (padding before the prompt, generation follows it); got "
+                         "right padding. With apply_chat_template pass tokenizer_kwargs={'padding_side': 'left'}.")
     sampler = generate_block if family.is_block_diffusion else generate_masked
     with torch.no_grad():
         return sampler(model, family, prompt_ids, prompt_mask.long(), config, generator)

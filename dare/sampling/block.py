@@ -59,7 +59,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
             n = schedule[:, j] if j < steps else (left > 0).long()
             if dynamic:
                 n = torch.maximum(n, (left > 0).long())
-            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator)
+            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start:end][chosen] = step
             block_step[:, start:end][chosen] = j

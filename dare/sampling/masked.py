@@ -75,12 +75,14 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
                 stale = attn.clone()
                 stale[:, first:end] = 0
                 lg = family.logits(model, x[:, first:end], torch.cat([stale, attn[:, first:end]], 1),
-                                   position_ids=positions[:, first:end], cache=cache)[:, shift:shift + block]
+                                   position_ids=positions[:, first:end], cache=cache,
+                                   key_position_ids=torch.cat([positions, positions[:, first:end]], 1),
+                                   )[:, shift:shift + block]
                 move_tail(cache, first, end)
             out.nfe += 1
 
             n = _count(cfg, schedule, masked, times, j, per_block, dynamic, generator)
-            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator)
+            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start - p_len:end - p_len][chosen] = step
             block_step[:, start - p_len:end - p_len][chosen] = j

@@ -144,11 +144,13 @@ def select(conf: torch.Tensor, n: torch.Tensor, config, generator=None) -> torch
 
 
 def decode_step(logits: torch.Tensor, masked: torch.Tensor, n: torch.Tensor, config, eos_id: int,
-                generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One denoising step over a block: ``(proposed tokens, positions to commit)``, both ``[N, B]``."""
-    if config.suppress_eos:
+                generator=None, mask_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One denoising step over a block: ``(proposed tokens, positions to commit)``, both ``[N, B]``. The mask
+    token is never proposed (its logit is -inf, MDLM's SUBS rule): a committed mask would survive decoding."""
+    banned = ([] if mask_id is None else [mask_id]) + ([eos_id] if config.suppress_eos else [])
+    if banned:
         logits = logits.clone()
-        logits[..., eos_id] = NEG_INF
+        logits[..., banned] = NEG_INF
     x0 = propose(logits, config.temperature, config.top_k, config.top_p, generator)
     name = "random" if config.remasking == "origin" else config.remasking
     conf = score(name, logits, x0, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,

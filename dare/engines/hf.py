@@ -1,0 +1,74 @@
+"""The ``hf`` engine: DARE's samplers on the in-process model, batched (many prompts x n samples, micro-batches
+of left-padded prompts) and seeded."""
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..sampling import SamplingConfig, generate
+from .base import Rollout
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
+        self.model, self.tokenizer, self.family = model, tokenizer, family
+        self.max_batch_size = max_batch_size
+
+    def encode(self, prompts: list) -> list[list[int]]:
+        """Chats (lists of messages) go through the chat template; strings are used as they are."""
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+            else:
+                out.append(self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                              return_dict=True)["input_ids"])
+        return out
+
+    def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
+                 seed: int | None = None) -> Rollout:
+        config = config or SamplingConfig()
+        device = next(self.model.parameters()).device
+        generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+        ids = [p for p in self.encode(prompts) for _ in range(n)]
+        if not ids:
+            raise ValueError("No prompts given.")
+        if any(len(p) == 0 for p in ids):
+            raise ValueError("Empty prompt: every prompt needs at least one token.")
+        parts, start = [], time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(ids), self.max_batch_size):
+                prompt_ids, prompt_mask = self._left_pad(ids[i:i + self.max_batch_size], device)
+                parts.append((prompt_ids, prompt_mask,
+                              generate(self.model, self.family, prompt_ids, prompt_mask, config, generator)))
+        finally:
+            self.model.train(was_training)
+        seconds = time.perf_counter() - start
+        width = max(p.shape[1] for p, _, _ in parts)
+        prompt_ids = torch.cat([F.pad(p, (width - p.shape[1], 0), value=self.family.pad_id) for p, _, _ in parts])
+        prompt_mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _ in parts])
+        completion = torch.cat([g.sequences for _, _, g in parts])
+        step_map = torch.cat([g.step_map for _, _, g in parts])
+        is_stop = torch.isin(completion, torch.tensor(self.family.stop_ids, device=completion.device))
+        before_stop = (is_stop.long().cumsum(-1) - is_stop.long()) == 0  # up to and including the first stop
+        completion_mask = (before_stop & (step_map >= 0)).long()
+        texts = [self.tokenizer.decode(c[m.bool() & ~s], skip_special_tokens=True)
+                 for c, m, s in zip(completion, completion_mask, is_stop)]
+        if len({len(g.states) for _, _, g in parts}) > 1:
+            raise ValueError("record_states with micro-batches that took different step counts: raise "
+                             "max_batch_size so all prompts decode together")
+        return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,
+                       torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),
+                       seconds, [torch.cat(s) for s in zip(*[g.states for _, _, g in parts])])
+
+    def _left_pad(self, rows: list[list[int]], device):
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.family.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row):] = torch.tensor(row)
+            mask[r, width - len(row):] = 1
+        return ids.to(device), mask.to(device)
