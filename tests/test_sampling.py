@@ -224,7 +224,7 @@ def test_block_sampling_reproducible_with_seed(name):
 def test_linear_schedule_counts_one_block(name):
     model, _, fam = load(name)
     ids, mask = prompts(fam, [4, 8], seed=5)
-    out = generate(model, fam, ids, mask, SamplingConfig(gen_length=12, block_length=12, steps=5))
+    out = generate(model, fam, ids, mask, SamplingConfig(gen_length=12, block_length=12, steps=5, schedule="linear"))
     for r in range(2):
         assert torch.bincount(out.step_map[r], minlength=5).tolist() == [3, 3, 2, 2, 2]
     assert torch.equal(out.block_step, out.step_map)
@@ -236,12 +236,26 @@ def test_linear_schedule_semi_autoregressive_blocks_in_order(name):
     """15 tokens, 3 blocks of 5, 6 steps: 2 steps per block commit 3 then 2; block b is finished before b+1."""
     model, _, fam = load(name)
     ids, mask = prompts(fam, [4, 8], seed=5)
-    out = generate(model, fam, ids, mask, SamplingConfig(gen_length=15, block_length=5, steps=6))
+    out = generate(model, fam, ids, mask, SamplingConfig(gen_length=15, block_length=5, steps=6, schedule="linear"))
     for r in range(2):
         assert torch.bincount(out.step_map[r], minlength=6).tolist() == [3, 2, 3, 2, 3, 2]
         blocks = out.step_map[r].view(3, 5)
         assert (blocks.max(-1).values[:-1] < blocks.min(-1).values[1:]).all()
         assert torch.equal(out.block_step[r].view(3, 5), blocks - 2 * torch.arange(3)[:, None])
+
+
+def test_family_default_schedule_and_remasking():
+    """Unset knobs take the family's own rule: Dream's linspace schedule with entropy, LLaDA's even split."""
+    model, _, fam = load("dream")
+    ids, mask = prompts(fam, [4], seed=5)
+    default = generate(model, fam, ids, mask, SamplingConfig(gen_length=12, steps=5))
+    explicit = generate(model, fam, ids, mask, SamplingConfig(gen_length=12, steps=5, schedule="dream",
+                                                              remasking="entropy"))
+    assert torch.equal(default.step_map, explicit.step_map)
+    assert torch.bincount(default.step_map[0], minlength=5).tolist() == dream_counts(12, 5)
+    llada, _, lfam = load("llada")
+    assert (lfam.schedule, lfam.remasking, fam.schedule, fam.remasking) == ("linear", "low_confidence", "dream",
+                                                                            "entropy")
 
 
 def dream_counts(masked: int, steps: int, eps: float = 1e-3) -> list[int]:
@@ -313,9 +327,11 @@ def test_masked_threshold_above_one_equals_sequential(name, cache):
     """threshold 1.01: nothing passes, only the forced top-1 commits, i.e. one token per step = steps=gen_length."""
     model, _, fam = load(name)
     ids, mask = prompts(fam, [3, 9], seed=8)
-    par = generate(model, fam, ids, mask,
-                   SamplingConfig(gen_length=8, block_length=4, steps=2, cache=cache, threshold=1.01))
-    seq = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, steps=8, cache=cache))
+    llada_style = dict(schedule="linear", remasking="low_confidence")
+    par = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, steps=2, cache=cache,
+                                                         threshold=1.01, **llada_style))
+    seq = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, steps=8, cache=cache,
+                                                         **llada_style))
     assert torch.equal(par.sequences, seq.sequences)
     assert torch.equal(par.step_map, seq.step_map) and torch.equal(par.block_step, seq.block_step)
     assert par.nfe == seq.nfe == 8
@@ -326,9 +342,10 @@ def test_masked_threshold_above_one_equals_sequential(name, cache):
 def test_masked_low_threshold_commits_blocks_in_parallel(name):
     model, _, fam = load(name)
     ids, mask = prompts(fam, [3, 9], seed=8)
-    everything = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.0))
+    lc = dict(remasking="low_confidence")
+    everything = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.0, **lc))
     assert everything.nfe == 2 and everything.step_map.view(2, 2, 4).tolist() == [[[0] * 4, [1] * 4]] * 2
-    some = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.03))
+    some = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.03, **lc))
     assert 2 < some.nfe < 8  # the sharp tiny models have confidences on both sides of 0.03
 
 

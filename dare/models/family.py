@@ -12,9 +12,11 @@ import torch
 from . import masks
 from .tokenizers import TURN_END
 
-# model_type -> (family name, logits shifted by one: prediction for token i read at position i-1)
-KNOWN = {"llada": ("llada", False), "Dream": ("dream", True), "sdar": ("sdar", False),
-         "sdar_moe": ("sdar_moe", False), "llada2_moe": ("llada2", False)}
+# model_type -> (family name, logits shifted by one (prediction for token i read at position i-1),
+#                default transfer schedule, default remasking confidence)
+KNOWN = {"llada": ("llada", False, "linear", "low_confidence"), "Dream": ("dream", True, "dream", "entropy"),
+         "sdar": ("sdar", False, "linear", "low_confidence"), "sdar_moe": ("sdar_moe", False, "linear", "low_confidence"),
+         "llada2_moe": ("llada2", False, "linear", "low_confidence")}
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class Family:
     shift: bool                    # Dream: logits at i-1 predict token i
     block_size: int | None         # None = fully bidirectional (masked diffusion)
     vocab_size: int
+    schedule: str = "linear"       # default tokens-per-step rule: LLaDA's even split, or Dream's floor(m(1-s/t))
+    remasking: str = "low_confidence"  # default confidence (Dream's recommended alg is entropy)
 
     @property
     def is_block_diffusion(self) -> bool:
@@ -40,7 +44,7 @@ class Family:
         model_type = getattr(config, "model_type", None)
         if model_type not in KNOWN:
             raise ValueError(f"Unknown model family {model_type!r}; known model_type values: {sorted(KNOWN)}")
-        name, shift = KNOWN[model_type]
+        name, shift, schedule, remasking = KNOWN[model_type]
         ids = {k: _first(getattr(config, f"{k}_token_id", None)) for k in ("mask", "eos", "pad", "bos")}
         stop = []
         if tokenizer is not None:
@@ -63,7 +67,7 @@ class Family:
             ids["pad"] = ids["eos"]
         stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
         return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift,
-                   getattr(config, "block_size", None), vocab)
+                   getattr(config, "block_size", None), vocab, schedule, remasking)
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

@@ -5,7 +5,7 @@ dynamic unmasking). Every sampler returns the trajectory (the step at which each
     out = generate(model, family, prompt_ids, prompt_mask, SamplingConfig(gen_length=256, steps=256))
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,8 +23,8 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy; else Gumbel-max sampling in float64
     top_k: int | None = None
     top_p: float | None = None
-    remasking: str = "low_confidence"  # confidence used to pick positions: see CONFIDENCE (+ "origin" for Dream)
-    schedule: str = "linear"  # tokens per step: "linear" (LLaDA even split) or "dream" (floor(m*(1-s/t)))
+    remasking: str | None = None  # confidence used to pick positions (CONFIDENCE, + "origin" for Dream); None = family's
+    schedule: str | None = None  # tokens per step: "linear" (LLaDA even split) or "dream" (floor(m*(1-s/t))); None = family's
     eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
     alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
     threshold: float | None = None  # parallel decoding: commit every position with confidence >= threshold
@@ -35,6 +35,10 @@ class SamplingConfig:
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
     stop_at_eos: bool = True  # block families: stop a sequence once a stop token is generated
     record_states: bool = False  # also return the canvas after every step (MDPO-style records)
+
+    def resolve(self, family) -> "SamplingConfig":
+        """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence)."""
+        return replace(self, schedule=self.schedule or family.schedule, remasking=self.remasking or family.remasking)
 
     def validate(self):
         known = sorted([*CONFIDENCE, "origin"])
@@ -79,7 +83,7 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler."""
     from .block import generate_block
     from .masked import generate_masked
-    config = (config or SamplingConfig()).validate()
+    config = (config or SamplingConfig()).resolve(family).validate()
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
     if bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
