@@ -743,3 +743,42 @@ def test_select_threshold_floors():
     assert P.select(conf, n, SamplingConfig(threshold=0.2)).tolist()[1] == [False, True, True, False]
     assert P.select(conf, torch.tensor([1, 1]), SamplingConfig(threshold=1.01)).sum(-1).tolist() == [1, 1]
     assert P.select(conf, n, SamplingConfig()).tolist() == [[False, True, True, False], [False, True, True, False]]
+
+
+# ---------------------------------------------------------------- LLaDA2.1 editing
+
+
+@pytest.mark.parametrize("cache", ["block", "none"])
+def test_editing_that_never_fires_only_adds_one_post_step_per_block(cache):
+    """editing_threshold above 1 can never edit: same tokens and step maps as plain threshold decoding, plus exactly
+    one refinement step per block (the step that finds nothing to fill or edit ends the block)."""
+    model, _, fam = load("llada2")
+    ids, mask = prompts(fam, [5, 40], seed=21)
+    common = dict(gen_length=40, threshold=0.5, cache=cache, stop_at_eos=False)
+    plain = generate(model, fam, ids, mask, SamplingConfig(**common))
+    never = generate(model, fam, ids, mask, SamplingConfig(editing_threshold=1.01, **common))
+    assert torch.equal(plain.sequences, never.sequences) and torch.equal(plain.block_step, never.block_step)
+    # (global steps shift by the post step of each earlier block)
+    # prompts of 5 and 40 tokens on a grid of 32: generation fills canvas blocks [32, 64) and [64, 96) = 2 blocks
+    assert never.nfe - plain.nfe == 2, (plain.nfe, never.nfe)
+
+
+def test_editing_rewrites_tokens_and_respects_post_step_budget():
+    model, _, fam = load("llada2")
+    ids, mask = prompts(fam, [5, 40], seed=21)
+    common = dict(gen_length=40, threshold=0.5, stop_at_eos=False)
+    plain = generate(model, fam, ids, mask, SamplingConfig(**common))
+    edits = generate(model, fam, ids, mask, SamplingConfig(editing_threshold=0.0, max_post_steps=3, **common))
+    assert not torch.equal(plain.sequences, edits.sequences), "editing at threshold 0 should change something"
+    assert (edits.sequences != fam.mask_id).all() and (edits.step_map >= 0).all()
+    n_blocks = 2  # see above: two decoded blocks; each gets at most max_post_steps refinement steps
+    assert plain.nfe < edits.nfe <= plain.nfe + n_blocks * 3 + 4  # mask filling may also take a few more steps
+    prompt_tokens = [unpadded(ids, mask, r) for r in range(2)]
+    assert all(len(p) for p in prompt_tokens)  # edits never touch the prompt: the output holds only generation
+
+
+def test_editing_rejected_for_masked_families():
+    model, _, fam = load("llada")
+    ids, mask = prompts(fam, [4], seed=1)
+    with pytest.raises(ValueError, match="block-diffusion families only"):
+        generate(model, fam, ids, mask, SamplingConfig(gen_length=8, editing_threshold=0.5))

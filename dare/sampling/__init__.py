@@ -31,6 +31,8 @@ class SamplingConfig:
     threshold_floor: str = "one"  # with threshold: commit at least "one" (Fast-dLLM/SGLang) or the "schedule" count (SDAR dynamic)
     factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
     cache: str | None = None  # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
+    editing_threshold: float | None = None  # block families: LLaDA2.1 editing, overwrite decoded tokens above it
+    max_post_steps: int = 16  # LLaDA2.1 editing: refinement steps after a block has no masks left
     cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
     stop_at_eos: bool = True  # block families: stop a sequence once a stop token is generated

@@ -6,6 +6,11 @@ Batching: every prompt is laid out so that its block grid coincides with the can
 blocks); the last, partial prompt block is the first block decoded. Committed blocks live in a KV cache; a
 finished block's K/V are appended during the next block's first forward (no extra pass). Generation stops once
 every sequence holds a stop token; tokens after a sequence's first stop token are padding (step -1).
+
+LLaDA2.1 editing (``editing_threshold``): every step also overwrites already decoded tokens of the block whose
+new proposal differs with confidence above the threshold; once the block has no masks it keeps refining for up to
+``max_post_steps`` steps while anything changes. ``step_map`` keeps the step of the first unmasking (edits cannot
+be replayed from it).
 """
 
 import torch
@@ -28,6 +33,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
     if steps > block:
         raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
     dynamic = cfg.threshold is not None or cfg.factor is not None
+    editing = cfg.editing_threshold is not None
 
     x, attn, gen_start, n_full = _layout(prompt_ids, prompt_mask, length, block, family)
     n_rows, total = x.shape
@@ -44,9 +50,10 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
     for start in range(n_full, total, block):
         end = start + block
         masked = x[:, start:end] == family.mask_id
+        generated = masked.clone()  # positions of this block that are decoded (not prompt, not padding)
         schedule = linear_schedule(masked.sum(-1), steps)
-        j = 0
-        while masked.any() and (dynamic or j < steps):
+        j, post, edited = 0, 0, True
+        while (masked.any() and (dynamic or j < steps)) or (editing and edited and post < cfg.max_post_steps):
             if cache is None:
                 lg = family.logits(model, x[:, :end], attn[:, :end])[:, start:]
             else:
@@ -59,7 +66,12 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
             n = schedule[:, j] if j < steps else (left > 0).long()
             if dynamic:
                 n = torch.maximum(n, (left > 0).long())
-            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+            post += int(not masked.any())
+            x0, chosen, conf = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+            if editing:  # LLaDA2.1: overwrite decoded tokens the model now confidently replaces
+                edit = generated & ~masked & (x0 != x[:, start:end]) & (conf > cfg.editing_threshold)
+                edited = bool(edit.any() or chosen.any())
+                x[:, start:end][edit] = x0[edit]
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start:end][chosen] = step
             block_step[:, start:end][chosen] = j

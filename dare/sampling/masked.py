@@ -31,6 +31,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
         raise ValueError(f"steps ({steps}) is larger than the number of tokens to generate ({length})")
     if steps % n_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
+    if cfg.editing_threshold is not None:
+        raise ValueError("editing_threshold (LLaDA2.1 editing) applies to block-diffusion families only")
     if cfg.cfg_scale and cache_mode != "none":
         raise ValueError("classifier-free guidance needs cache='none'")
     per_block = steps // n_blocks
@@ -82,7 +84,7 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
             out.nfe += 1
 
             n = _count(cfg, schedule, masked, times, j, per_block, dynamic, generator)
-            x0, chosen = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+            x0, chosen, _ = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start - p_len:end - p_len][chosen] = step
             block_step[:, start - p_len:end - p_len][chosen] = j

@@ -144,9 +144,10 @@ def select(conf: torch.Tensor, n: torch.Tensor, config, generator=None) -> torch
 
 
 def decode_step(logits: torch.Tensor, masked: torch.Tensor, n: torch.Tensor, config, eos_id: int,
-                generator=None, mask_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One denoising step over a block: ``(proposed tokens, positions to commit)``, both ``[N, B]``. The mask
-    token is never proposed (its logit is -inf, MDLM's SUBS rule): a committed mask would survive decoding."""
+                generator=None, mask_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One denoising step over a block: ``(proposed tokens, positions to commit, confidence of every proposal)``,
+    all ``[N, B]``. The mask token is never proposed (its logit is -inf, MDLM's SUBS rule): a committed mask would
+    survive decoding."""
     banned = ([] if mask_id is None else [mask_id]) + ([eos_id] if config.suppress_eos else [])
     if banned:
         logits = logits.clone()
@@ -155,4 +156,4 @@ def decode_step(logits: torch.Tensor, masked: torch.Tensor, n: torch.Tensor, con
     name = "random" if config.remasking == "origin" else config.remasking
     conf = score(name, logits, x0, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                  generator=generator)
-    return x0, select(conf.masked_fill(~masked, NEG_INF), n, config, generator)
+    return x0, select(conf.masked_fill(~masked, NEG_INF), n, config, generator), conf
