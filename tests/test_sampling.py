@@ -25,16 +25,6 @@ REMASKING = ("low_confidence", "entropy", "margin", "maskgit_plus")
 SHARP = dict(initializer_range=0.2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The models are tiny: one intra-op thread is as fast as two and does not collapse when the cores are shared
-    (with two spinning OpenMP threads on a busy 2-core machine a 64x128 matmul took 10 ms instead of 30 us)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def load(name: str):
     """Shared read-only ``(model, tokenizer, family)``; tests that modify a model build their own."""

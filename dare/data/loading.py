@@ -1,0 +1,44 @@
+"""Rows from a local parquet / jsonl / json file (or a folder of them) or a hub dataset name."""
+
+from pathlib import Path
+
+import datasets
+
+_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+def load_rows(path: str, split: str = "train") -> datasets.Dataset:
+    """A local file (parquet/jsonl/json), a folder of such files, or a hub dataset name (``name`` or ``name:config``)."""
+    local = Path(path)
+    if local.is_dir():
+        files = sorted(str(f) for f in local.iterdir() if f.suffix in _BUILDERS)
+        if not files:
+            raise ValueError(f"No .parquet/.jsonl/.json files in {path}")
+        kinds = {_BUILDERS[Path(f).suffix] for f in files}
+        if len(kinds) > 1:
+            raise ValueError(f"{path} mixes file kinds {sorted(kinds)}; keep one kind per folder")
+        rows = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+    elif local.suffix in _BUILDERS:
+        if not local.exists():
+            raise FileNotFoundError(f"Dataset file not found: {path}")
+        if local.stat().st_size == 0:
+            raise ValueError(f"Dataset {path} is empty")
+        rows = datasets.load_dataset(_BUILDERS[local.suffix], data_files=str(local), split="train")
+    else:
+        name, _, config = path.partition(":")
+        rows = datasets.load_dataset(name, config or None, split=split)
+    if len(rows) == 0:
+        raise ValueError(f"Dataset {path} is empty")
+    return rows
+
+
+def get_field(row: dict, key: str):
+    """``row["a"]["b"]`` for the dotted key ``"a.b"``, with an error that names what is missing."""
+    value = row
+    for i, part in enumerate(key.split(".")):
+        keys = list(value.keys()) if hasattr(value, "keys") else []
+        if part not in keys:
+            where = ".".join(key.split(".")[:i]) or "the row"
+            raise KeyError(f"Column {key!r}: {part!r} not found in {where} (available: {sorted(keys)})")
+        value = value[part]
+    return value

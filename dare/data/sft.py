@@ -1,0 +1,94 @@
+"""SFT examples: a chat-formatted prompt and the response the model learns to write.
+
+Each example becomes ``prompt_ids + response_ids + turn terminator + EOS`` (the family's chat template renders the
+prompt with the generation prompt; e.g. LLaDA: ``... <|eot_id|><|endoftext|>``), then the collator right-pads with
+EOS. [DEVIATION] DARE appends only ``eos_token`` to the response (no turn terminator), so its models never learn to
+close the turn the way the chat template expects; we follow the chat format of the upstream models.
+"""
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..diffusion import recipe_for, sft_masks
+from .loading import get_field
+
+
+@dataclass
+class SFTDataConfig:
+    path: str = "../shared/data/sft/train/gsm8k_train.parquet"  # parquet/jsonl/json file or folder, or hub name
+    split: str = "train"  # hub datasets only
+    prompt_key: str = "extra_info.question"  # column holding the prompt (text or a list of chat messages); a.b = nested
+    response_key: str = "extra_info.answer"  # column holding the response text
+    system_prompt: str | None = None  # prepended as a system message when the prompt is plain text
+    max_length: int = 1024  # prompt + response tokens per example
+    truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
+    pad_to: str = "max_length"  # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
+
+
+def _messages(prompt, system_prompt):
+    if isinstance(prompt, str):
+        return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+            [{"role": "user", "content": prompt}]
+    messages = [dict(m) for m in prompt]
+    if not messages or not all("role" in m and "content" in m for m in messages):
+        raise ValueError(f"A prompt must be text or a list of {{role, content}} messages, got {prompt!r:.200}")
+    return messages
+
+
+def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
+    """``{"input_ids", "prompt_length", "response_length"}`` for one row; ``truncated`` says whether it was cut."""
+    prompt = get_field(row, config.prompt_key)
+    response = get_field(row, config.response_key)
+    if not isinstance(response, str):
+        raise ValueError(f"Column {config.response_key!r} must hold text, got {type(response).__name__}")
+    prompt_ids = tokenizer.apply_chat_template(_messages(prompt, config.system_prompt), add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"]
+    turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + turn_end + [family.eos_id]
+    excess = len(prompt_ids) + len(response_ids) - config.max_length
+    truncated = excess > 0
+    if truncated:
+        if config.truncation == "error":
+            raise ValueError(f"Example of {len(prompt_ids)} prompt + {len(response_ids)} response tokens exceeds "
+                             f"max_length={config.max_length}; raise max_length or set truncation to right/left")
+        if config.truncation == "right" and excess < len(response_ids):
+            response_ids = response_ids[:-excess]
+        elif config.truncation == "left" and excess < len(prompt_ids):
+            prompt_ids = prompt_ids[excess:]
+        else:
+            raise ValueError(f"Cannot truncate an example of {len(prompt_ids)} + {len(response_ids)} tokens to "
+                             f"{config.max_length} from the {config.truncation}")
+    return {"input_ids": prompt_ids + response_ids, "prompt_length": len(prompt_ids),
+            "response_length": len(response_ids), "truncated": truncated}
+
+
+class SFTCollator:
+    """Right-pads tokenized examples with EOS and adds ``loss_mask`` / ``attention_mask`` from the family's recipe
+    (LLaDA/Dream/SDAR train on the EOS tail; LLaDA2 excludes it from attention and loss)."""
+
+    def __init__(self, family, config: SFTDataConfig):
+        self.family, self.config, self.recipe = family, config, recipe_for(family)
+
+    def __call__(self, examples: list[dict]) -> dict:
+        longest = max(len(e["input_ids"]) for e in examples)
+        length = self.config.max_length if self.config.pad_to == "max_length" else longest
+        ids = torch.full((len(examples), length), self.family.pad_id, dtype=torch.long)
+        for r, e in enumerate(examples):
+            ids[r, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
+        prompt = torch.tensor([e["prompt_length"] for e in examples])
+        response = torch.tensor([e["response_length"] for e in examples])
+        loss_mask, attention_mask = sft_masks(prompt, response, length, self.recipe)
+        return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+
+def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):
+    """Tokenize every row (datasets.map keeps a cache); warns with the count of truncated examples."""
+    columns = rows.column_names
+    out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config), remove_columns=columns,
+                   desc="tokenizing")
+    cut = sum(out["truncated"])
+    if cut:
+        warnings.warn(f"{cut} of {len(out)} examples were truncated to max_length={config.max_length}")
+    return out

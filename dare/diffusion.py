@@ -1,0 +1,135 @@
+"""The forward (corruption) process of masked diffusion: draw a noise level per sequence, mask tokens with it.
+
+Shared by SFT (``dare.objectives``) and, later, by the RL likelihood estimators. Nothing here knows a model:
+a family enters only through its ``NoiseRecipe`` (data, looked up by ``family.name``) and its mask id.
+
+Per-family SFT recipes (spec models-and-sampling.md §3.2-3.5). Where DARE's reference deviates from the upstream
+recipe we follow UPSTREAM:
+
+* llada    t ~ U(eps, 1), eps = 1e-3; weight 1/t; normaliser = answer length per sequence (response + its EOS
+           padding), then mean over the batch: ``L = (1/b) Σ_seq (1/ℓ_seq) Σ_masked CE/t`` (LLaDA GUIDELINES).
+           [DEVIATION fixed] DARE divides by the number of masked tokens, an extra ≈1/t factor.
+* dream    Same recipe as LLaDA. [ODDITY fixed] DARE draws t ~ U(0, 1) with no eps (huge 1/t weights) and
+           normalises by the masked count; we clamp with eps = 1e-3 and use the ELBO-consistent answer length.
+           Dream's optional ``treat_eos_as_one`` (mask the trailing EOS run as a unit) is not implemented.
+           The one-position logit shift is done by ``Family.logits``.
+* sdar,    p = (1-eps)u + eps, eps = 1e-3; weight 1/p; normaliser = answer length (all non-prompt positions incl.
+  sdar_moe pads); pads maskable and in the loss; at least one masked token per sequence. Upstream retries the
+           draw up to 10 times before forcing one token; we force one random maskable token straight away (the
+           same distribution except on the ≈(1-p)^ℓ rows that drew nothing). SDAR's normaliser is the answer
+           length of the micro-batch (micro batch 1 in its recipes); we take it per sequence then average, like
+           LLaDA. SDAR-30B (sdar_moe) is trained like dense SDAR, not with DARE's AR loss ([BUG] §3.6).
+* llada2   t ~ U(0.3, 0.8); no weighting; normaliser = number of masked tokens in the batch (dFactory's token
+           mean); only valid response tokens are maskable: pads are excluded from attention and from the loss.
+
+Block families (sdar, sdar_moe, llada2) are trained on the doubled ``[x_t ‖ x_0]`` layout, built by
+``Family.logits(..., clean_ids=x_0)``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class NoiseRecipe:
+    """A family's SFT forward process and loss weighting.
+
+    t_low, t_high   noise level drawn uniformly in ``[t_low, t_high]`` per sequence
+    eps             then clamped as ``(1 - eps) t + eps`` (0 = no clamp)
+    weight          "inverse_t" (CE / t) or "none"
+    normalizer      "answer_length": per sequence, divide by its number of loss positions (non-prompt positions
+                    incl. EOS padding), then mean over the batch; "masked": divide the batch sum by the batch's
+                    number of masked tokens
+    mask_pads       the EOS/pad run after the response is maskable, attended and in the loss (else it is padding:
+                    excluded from attention and from the loss)
+    min_one         every sequence with a maskable token gets at least one masked token
+    """
+
+    t_low: float = 0.0
+    t_high: float = 1.0
+    eps: float = 1e-3
+    weight: str = "inverse_t"
+    normalizer: str = "answer_length"
+    mask_pads: bool = True
+    min_one: bool = False
+
+    def __post_init__(self):
+        if not 0.0 <= self.t_low <= self.t_high <= 1.0:
+            raise ValueError(f"need 0 <= t_low <= t_high <= 1, got [{self.t_low}, {self.t_high}]")
+        if not 0.0 <= self.eps < 1.0:
+            raise ValueError(f"eps must be in [0, 1), got {self.eps}")
+        if self.weight not in ("inverse_t", "none"):
+            raise ValueError(f"weight must be 'inverse_t' or 'none', got {self.weight!r}")
+        if self.normalizer not in ("answer_length", "masked"):
+            raise ValueError(f"normalizer must be 'answer_length' or 'masked', got {self.normalizer!r}")
+        if self.weight == "inverse_t" and self.t_low == 0.0 and self.eps == 0.0:
+            raise ValueError("1/t weighting needs t > 0: set eps > 0 or t_low > 0")
+
+
+RECIPES = {
+    "llada": NoiseRecipe(),
+    "dream": NoiseRecipe(),
+    "sdar": NoiseRecipe(min_one=True),
+    "sdar_moe": NoiseRecipe(min_one=True),
+    "llada2": NoiseRecipe(t_low=0.3, t_high=0.8, eps=0.0, weight="none", normalizer="masked", mask_pads=False),
+}
+
+
+def recipe_for(family) -> NoiseRecipe:
+    """The SFT noise recipe of a ``Family`` (or a family name)."""
+    name = getattr(family, "name", family)
+    if name not in RECIPES:
+        raise ValueError(f"No SFT noise recipe for family {name!r}; known: {sorted(RECIPES)}")
+    return RECIPES[name]
+
+
+def _rand(shape, generator, device):
+    """Uniform draws from ``generator`` (on its own device), moved to ``device``."""
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where).to(device)
+
+
+def sample_t(batch: int, recipe: NoiseRecipe, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+    """Noise levels ``[batch]`` (float32): ``u ~ U(t_low, t_high)``, then ``(1 - eps) u + eps``."""
+    u = _rand((batch,), generator, device)
+    t = recipe.t_low + (recipe.t_high - recipe.t_low) * u
+    return (1 - recipe.eps) * t + recipe.eps
+
+
+def corrupt(input_ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor, mask_id: int,
+            generator: torch.Generator | None = None, min_one: bool = False):
+    """Mask each maskable token independently with probability ``t`` of its row.
+
+    input_ids ``[B, L]``, maskable ``[B, L]`` (bool/0-1; prompt and excluded padding are 0), t ``[B]`` or a float.
+    With ``min_one``, a row that has maskable tokens but drew none gets one uniformly random maskable token masked.
+    Returns ``(noisy_ids, masked)``; ``masked`` is bool and equals ``noisy_ids == mask_id`` wherever the input was
+    not already the mask token.
+    """
+    if maskable.shape != input_ids.shape:
+        raise ValueError(f"maskable {tuple(maskable.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
+    maskable = maskable.bool()
+    t = torch.as_tensor(t, dtype=torch.float32, device=input_ids.device).expand(input_ids.shape[0])
+    masked = maskable & (_rand(input_ids.shape, generator, input_ids.device) < t[:, None])
+    if min_one:
+        # the argmax of uniform scores over maskable positions is a uniform maskable position
+        pick = _rand(input_ids.shape, generator, input_ids.device).masked_fill(~maskable, -1.0).argmax(-1)
+        empty = maskable.any(-1) & ~masked.any(-1)
+        masked[empty, pick[empty]] = True
+    return input_ids.masked_fill(masked, mask_id), masked
+
+
+def sft_masks(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, length: int, recipe: NoiseRecipe):
+    """``(loss_mask, attention_mask)`` ``[B, length]`` (long) for right-padded ``prompt + response + pads`` rows.
+
+    ``response_lengths`` counts the real response tokens (incl. the appended EOS). With ``recipe.mask_pads`` the
+    trailing pads are trained (loss 1, attended); otherwise they are padding (loss 0, attention 0).
+    """
+    pos = torch.arange(length, device=prompt_lengths.device)[None]
+    prompt_end, valid_end = prompt_lengths[:, None], (prompt_lengths + response_lengths)[:, None]
+    if bool((valid_end > length).any()):
+        raise ValueError(f"prompt + response lengths {valid_end.flatten().tolist()} exceed the row length {length}")
+    if recipe.mask_pads:
+        return (pos >= prompt_end).long(), torch.ones_like(pos >= prompt_end, dtype=torch.long)
+    return ((pos >= prompt_end) & (pos < valid_end)).long(), (pos < valid_end).long()

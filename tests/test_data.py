@@ -1,0 +1,111 @@
+"""SFT data: loading local files, chat formatting, EOS padding per family, clear errors."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import SHARED
+
+from dare.data import SFTCollator, SFTDataConfig, get_field, load_rows, tokenize_sft
+from dare.data.sft import tokenize_dataset
+from dare.models import Family, tiny
+
+ROWS = [{"q": "What is 2+3?", "a": "2+3=5. #### 5", "meta": {"src": "toy"}},
+        {"q": "Name a colour.", "a": "Blue.", "meta": {"src": "toy"}}]
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    path = tmp_path / "toy.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return str(path)
+
+
+def family_of(name):
+    model, tok = tiny(name)
+    return tok, Family.from_pretrained(model.config, tok)
+
+
+@pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2"])
+def test_example_layout_and_masks(name, jsonl):
+    tok, fam = family_of(name)
+    cfg = SFTDataConfig(path=jsonl, prompt_key="q", response_key="a", max_length=64)
+    rows = load_rows(jsonl)
+    ex = tokenize_sft(rows[0], tok, fam, cfg)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
+                                     tokenize=True, return_dict=True)["input_ids"]
+    assert ex["input_ids"][:ex["prompt_length"]] == prompt
+    response = ex["input_ids"][ex["prompt_length"]:]
+    turn_end = [i for i in fam.stop_ids if i != fam.eos_id]
+    assert response[-1] == fam.eos_id and response[-2] == turn_end[0]
+    assert tok.decode(response[:-2]) == "2+3=5. #### 5"
+    batch = SFTCollator(fam, cfg)([ex, tokenize_sft(rows[1], tok, fam, cfg)])
+    ids, loss, attn = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
+    assert ids.shape == (2, 64) and (ids[0, len(ex["input_ids"]):] == fam.pad_id).all()
+    assert not loss[0, :ex["prompt_length"]].any()
+    if name == "llada2":  # pads excluded from attention and loss
+        assert loss[0].sum() == len(response) and attn[0].sum() == len(ex["input_ids"])
+    else:  # the EOS tail is trained on and attended
+        assert loss[0].sum() == 64 - ex["prompt_length"] and attn.all()
+
+
+def test_pad_to_longest_and_nested_keys(jsonl):
+    tok, fam = family_of("sdar")
+    cfg = SFTDataConfig(path=jsonl, prompt_key="q", response_key="a", pad_to="longest", max_length=512)
+    examples = [tokenize_sft(r, tok, fam, cfg) for r in load_rows(jsonl)]
+    batch = SFTCollator(fam, cfg)(examples)
+    assert batch["input_ids"].shape[1] == max(len(e["input_ids"]) for e in examples)
+    assert get_field({"a": {"b": 3}}, "a.b") == 3
+
+
+def test_truncation_modes(jsonl):
+    tok, fam = family_of("llada")
+    rows = load_rows(jsonl)
+    full = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="q", response_key="a", max_length=512))
+    short = len(full["input_ids"]) - 3
+    with pytest.raises(ValueError, match="exceeds max_length"):
+        tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="q", response_key="a", max_length=short))
+    right = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="q", response_key="a", max_length=short,
+                                                          truncation="right"))
+    assert right["input_ids"] == full["input_ids"][:short] and right["truncated"]
+    left = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="q", response_key="a", max_length=short,
+                                                         truncation="left"))
+    assert left["input_ids"] == full["input_ids"][3:] and left["prompt_length"] == full["prompt_length"] - 3
+    second = tokenize_sft(rows[1], tok, fam, SFTDataConfig(prompt_key="q", response_key="a", max_length=512))
+    assert len(second["input_ids"]) < len(full["input_ids"])
+    cfg = SFTDataConfig(prompt_key="q", response_key="a", max_length=len(second["input_ids"]), truncation="right")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenize_dataset(rows, tok, fam, cfg)
+    assert any("1 of 2 examples were truncated" in str(w.message) for w in caught)
+
+
+def test_clear_errors(jsonl, tmp_path):
+    tok, fam = family_of("dream")
+    rows = load_rows(jsonl)
+    with pytest.raises(KeyError, match="'question' not found in meta"):
+        tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="meta.question", response_key="a"))
+    with pytest.raises(KeyError, match="'answer' not found"):
+        tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="q", response_key="answer"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(Exception, match="empty|Empty|no data|doesn't contain"):
+        load_rows(str(empty))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_rows(str(tmp_path / "missing.parquet"))
+
+
+def test_real_gsm8k_sft_file():
+    path = SHARED / "data" / "sft" / "train" / "gsm8k_train.parquet"
+    if not path.exists():
+        pytest.skip(f"{path} not found (../shared is absent)")
+    tok, fam = family_of("llada")
+    rows = load_rows(str(path))
+    cfg = SFTDataConfig(path=str(path), max_length=1024)
+    ex = tokenize_sft(rows[0], tok, fam, cfg)
+    text = tok.decode(ex["input_ids"])
+    assert "Natalia sold clips" in text and text.endswith("#### 72<|eot_id|><|endoftext|>")
+    messages = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="prompt", max_length=1024))
+    assert "output the final answer" in tok.decode(messages["input_ids"])  # the chat-message column works too
+    assert torch.tensor(ex["input_ids"]).max() < len(tok)
