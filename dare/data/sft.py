@@ -25,6 +25,7 @@ class SFTDataConfig:
     max_length: int = 1024  # prompt + response tokens per example
     truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
     pad_to: str = "max_length"  # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
+    limit: int | None = None  # use only the first N rows
 
 
 def _messages(prompt, system_prompt):

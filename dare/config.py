@@ -1,0 +1,41 @@
+"""Script configuration: a tyro dataclass per script, filled from a recipe YAML, overridden on the command line.
+
+    args = parse(Args)     # python script.py --config recipes/x.yaml --learning-rate 1e-5
+"""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import tyro
+import yaml
+
+
+def _apply(instance, values: dict, where: str):
+    fields = {f.name: f for f in dataclasses.fields(instance)}
+    for key, value in values.items():
+        key = key.replace("-", "_")
+        if key not in fields:
+            raise ValueError(f"{where}: unknown key {key!r}; known: {sorted(fields)}")
+        current = getattr(instance, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            _apply(current, value, f"{where}.{key}")
+        else:
+            setattr(instance, key, value)
+    return instance
+
+
+def parse(cls, argv: list[str] | None = None):
+    """``--config FILE`` (YAML, keys = field names, nested sections for nested dataclasses) sets the defaults;
+    every field is also a flag."""
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, rest = pre.parse_known_args(argv)
+    default = cls()
+    if known.config:
+        values = yaml.safe_load(Path(known.config).read_text()) or {}
+        default = _apply(default, values, known.config)
+    return tyro.cli(cls, args=rest, default=default,
+                    description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")

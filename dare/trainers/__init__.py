@@ -1,0 +1,6 @@
+"""TRL-style trainers: transformers' Trainer with the diffusion objectives plugged in."""
+
+from .checkpoints import COMPLETE, latest_complete_checkpoint
+from .sft import DiffusionSFTTrainer
+
+__all__ = ["COMPLETE", "DiffusionSFTTrainer", "latest_complete_checkpoint"]

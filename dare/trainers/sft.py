@@ -1,0 +1,35 @@
+"""SFT trainer: ``transformers.Trainer`` (logging, evaluation, checkpointing, accumulation, mixed precision,
+gradient checkpointing, ``report_to``, DDP/FSDP/DeepSpeed through Accelerate) with the family's masked-diffusion
+SFT loss from ``dare.objectives``; only ``compute_loss`` and checkpoint completion are ours."""
+
+import os
+
+from transformers import Trainer
+
+from ..objectives import sft_loss
+from .checkpoints import mark_complete
+
+
+class DiffusionSFTTrainer(Trainer):
+    def __init__(self, *args, family, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.family = family
+        self.loss_is_scaled_for_ga = False  # sft_loss is a micro-batch mean: let Trainer divide by accumulation
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"],
+                               inputs["attention_mask"], return_parts=True)
+        if self.model.training and self.state.global_step % max(self.args.logging_steps, 1) == 0:
+            self._masked_fraction = float(parts["n_masked"].sum() / parts["answer_len"].sum().clamp(min=1))
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs, *args, **kwargs):
+        if "loss" in logs and hasattr(self, "_masked_fraction"):
+            logs["masked_fraction"] = round(self._masked_fraction, 4)
+        super().log(logs, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            mark_complete(os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"))
