@@ -47,7 +47,8 @@ class Args:
     max_steps: int = -1  # > 0 overrides num_train_epochs
     per_device_train_batch_size: int = 2
     gradient_accumulation_steps: int = 1
-    bf16: bool = False
+    bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
+    dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
     logging_steps: int = 10
@@ -60,7 +61,7 @@ class Args:
 
 
 def build_model(args: Args):
-    model, tokenizer, family = load_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
                                                attn_implementation=args.attn_implementation)
     if args.lora.rank > 0:
         from peft import LoraConfig, get_peft_model

@@ -21,6 +21,8 @@ def test_commands_refer_to_real_files():
     for script in re.findall(r"python ([\w/]+\.py)", shell):
         assert (ROOT / script).exists(), script
     assert "python -m pytest -q" in shell and "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+    for recipe in re.findall(r"--config (\S+)", shell):
+        assert (ROOT / recipe).exists(), recipe
     for req in re.findall(r"-r (\S+)", shell):
         assert req in ("requirements.txt", "req-gpu.txt") and (ROOT / "requirements.txt").exists()
 
@@ -48,3 +50,16 @@ def test_evaluate_commands_run_with_tiny_stand_ins():
                              capture_output=True, timeout=300, cwd=ROOT)
         assert res.returncode == 0, (line, res.stderr[-2000:])
         assert "tokens/s" in res.stderr, line
+
+
+def test_tiny_training_command_runs_as_written(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+    line = next(ln for ln in README.splitlines() if ln.startswith("python train_sft.py --model tiny:"))
+    argv = shlex.split(line)[2:]
+    argv[argv.index("--output-dir") + 1] = str(tmp_path / "out")
+    res = subprocess.run([sys.executable, str(ROOT / "train_sft.py"), *argv], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "out" / "model.safetensors").exists()
