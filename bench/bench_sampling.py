@@ -1,0 +1,348 @@
+"""Decoding speed of every sampler path on random models: Fast-dLLM prefix / dual cache and confidence-threshold
+parallel decoding for masked diffusion (LLaDA, Dream); block KV cache and static vs dynamic unmasking for block
+diffusion (SDAR, LLaDA2). One run prints both tables.
+
+    python bench/bench_sampling.py            # tiny + 1-layer LLaDA/Dream, 57M LLaDA; tiny SDAR/LLaDA2, 51M SDAR
+    python bench/bench_sampling.py --quick    # smoke run: tiny models only, gen length 64 (< 30 s)
+    python bench/bench_sampling.py --sharpen 1 --tiny-sharpen 1      # raw random models: threshold never reached
+    python bench/bench_sampling.py --large-masked --large-block      # tiny models only, gen length 256
+    python bench/bench_sampling.py --jobs 1 --large-batch 4 --large-masked llada dream   # sequential, bigger
+
+Masked diffusion (gen length 256, block 32, 256 steps, temperature 0, low_confidence, the linear schedule = one
+token per step for both families; ``--schedule family`` gives Dream its own) compares plain decoding,
+``cache="prefix"``, ``cache="dual"``, ``threshold`` (parallel decoding; at least one token per step) and the two
+cache + threshold combinations. Block diffusion (same gen length, steps per block = block size) compares the
+block KV cache with re-running the whole window (``cache="none"``), static with dynamic (threshold) unmasking;
+EOS never stops generation (``stop_at_eos=False``) so every row decodes the same number of tokens.
+
+Columns: tokens/s = generated tokens (batch x gen length) / wall seconds (time.perf_counter, min over
+``--repeats``, after one warm-up generation per model); fwd/token = model forward calls (``Generation.nfe``) /
+gen length; model tok/token = canvas positions per row fed to the model, summed over calls, / gen length (prompt,
+padding and prefill included: what a cache saves); speed-up = wall time of the reference row / wall time of the
+row, same model; CPU speed-up = the same ratio of process CPU times (time.process_time), which a process waiting
+for a busy core does not accumulate: a cross-check of the wall-clock ratio on a shared machine; agreement =
+fraction of generated tokens identical to the reference row (masked: plain; block: no cache, static);
+= no-cache twin = the same against the same decoding without a cache (prefix/dual cache vs plain, prefix/dual +
+threshold vs threshold, block cache vs no cache), which isolates what the cache changes.
+
+What must be exact: the block KV cache (block-causal attention: cached K/V never change) and, on the 1-layer
+masked models (``*-1layer`` rows), the Fast-dLLM caches too: layer-0 K/V depend only on the token and its
+position, and neither the prefix nor the masked suffix changes while a block is decoded. Their twin column reads
+100%, up to float tie-breaks: a random model gives many masked positions confidences equal to ~1e-7, so the
+float rounding of a differently shaped forward can pick another of two tied positions and the trajectories part
+(seen on llada-1layer with the dual cache). On deeper bidirectional models the prefix/dual caches are
+approximations (the cached K/V go stale as the block fills in), and parallel decoding changes the commit order,
+so those rows differ from plain.
+
+Random models and ``--sharpen``. A random model's softmax is almost flat (top-1 probability ~ 1 / vocab), so a
+threshold like 0.9 is never reached and parallel decoding commits exactly one token per step: no speed-up, which
+says nothing about the method. ``--sharpen S`` multiplies the LM-head weights by S so that predictions are
+peaked, imitating a trained model's confident predictions; each model's line prints the resulting mean top-1
+probability at the masked positions of the initial canvas. The logit scale grows with sqrt(hidden), so tiny
+models (hidden 64) get their own factor (``--tiny-sharpen``, default 100 ~ 30 * sqrt(768 / 64)). The tokens a
+random model produces are meaningless: agreement measures how far an approximation moves the trajectory, not
+output quality, and how many tokens per step pass the threshold depends on S and on the random weights, not on
+anything a trained model would do. Read fwd/token together with tokens/s; the speed-up of a threshold row is
+roughly (1 / fwd/token) times the per-forward saving of its cache.
+
+CPU use. Every (model, method) pair is one job; ``--jobs`` worker processes (default 2, one per core) take them
+longest first, each with ``--threads`` torch threads (default 1: with two threads per process on a two-core
+machine any other busy process makes OpenMP barriers spin and forward times jump 3-6x at random). A model is
+built and warmed up once per worker. Rows of one model may therefore be timed in different processes while the
+other core runs another job: ratios are comparable as long as both cores stay busy, which they do for all but
+the last few seconds; ``--jobs 1`` times everything sequentially in one process. The load average printed before
+and after shows whether something else competed for the cores. The large models decode one prompt
+(``--large-batch 1``) with one timed run: the default invocation should need 4-5 minutes on two free cores (about
+8 minutes of single-core work, half of it the large LLaDA); it took 8.5-9.5 minutes with another
+process keeping one core busy. Tiny models decode 4 chat prompts, left padded.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from dare.models import Family, tiny
+from dare.sampling import SamplingConfig, generate
+from dare.sampling.primitives import CONFIDENCE
+
+PROMPTS = [
+    "What is 2 + 3?",
+    "Natalia sold 48 clips in April and half as many in May. How many clips did she sell?",
+    "Write a function that adds two numbers.",
+    "A rectangle is 8 meters long and 3 meters wide. What is its area?",
+]
+
+# name -> (SamplingConfig overrides, the same decoding without a cache). "threshold" is filled from --threshold.
+MASKED_METHODS = {
+    "plain": ({}, "plain"),
+    "prefix cache": (dict(cache="prefix"), "plain"),
+    "dual cache": (dict(cache="dual"), "plain"),
+    "threshold": (dict(threshold=True), "threshold"),
+    "prefix + threshold": (dict(cache="prefix", threshold=True), "threshold"),
+    "dual + threshold": (dict(cache="dual", threshold=True), "threshold"),
+}
+BLOCK_METHODS = {
+    "no cache, static": (dict(cache="none"), "no cache, static"),
+    "block cache, static": (dict(cache="block"), "no cache, static"),
+    "no cache, dynamic": (dict(cache="none", threshold=True), "no cache, dynamic"),
+    "block cache, dynamic": (dict(cache="block", threshold=True), "no cache, dynamic"),
+}
+
+
+def large_overrides(family: str, a) -> dict:
+    if family == "llada":  # OLMo names, multi-head attention like LLaDA-8B
+        return dict(d_model=a.large_hidden, n_heads=a.large_heads, n_kv_heads=a.large_heads,
+                    n_layers=a.large_layers, mlp_hidden_size=a.large_mlp)
+    return dict(hidden_size=a.large_hidden, intermediate_size=a.large_mlp, num_hidden_layers=a.large_layers,
+                num_attention_heads=a.large_heads, num_key_value_heads=a.large_kv_heads,
+                head_dim=a.large_hidden // a.large_heads)
+
+
+def build(family: str, overrides: dict, sharpen: float, seed: int):
+    model, tok = tiny(family, seed=seed, **overrides)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpen)
+    return model, tok, Family.from_pretrained(model.config, tok)
+
+
+def prompt_batch(tok, batch: int):
+    """``batch`` chat prompts (cycling over PROMPTS), left padded."""
+    tok.padding_side = "left"
+    msgs = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(batch)]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, padding=True, return_dict=True,
+                                  return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+class FedCounter:
+    """Counts canvas positions per row fed to the model (a forward pre-hook reading ``input_ids``)."""
+
+    def __init__(self, model):
+        self.positions = 0
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.positions += ids.shape[1]
+
+
+def top1_prob(model, family, ids, mask, gen_length: int) -> float:
+    """Mean top-1 probability at the masked positions of the initial canvas (what the threshold compares)."""
+    x = torch.cat([ids, ids.new_full((ids.shape[0], gen_length), family.mask_id)], 1)
+    attn = torch.cat([mask, mask.new_ones(ids.shape[0], gen_length)], 1)
+    with torch.no_grad():
+        if family.is_block_diffusion:  # first generated block only (block-causal: later masks see nothing new)
+            x, attn = x[:, : ids.shape[1] + family.block_size], attn[:, : ids.shape[1] + family.block_size]
+        lg = family.logits(model, x, attn)[:, ids.shape[1]:]
+    return lg.float().softmax(-1).amax(-1).mean().item()
+
+
+class Spec:
+    """One model of the benchmark: what to build and how to decode with it."""
+
+    def __init__(self, section, label, family, overrides, batch, repeats, sharpen, base_cfg, methods, ref, weight):
+        self.section, self.label, self.family, self.overrides = section, label, family, overrides
+        self.batch, self.repeats, self.sharpen, self.base_cfg = batch, repeats, sharpen, base_cfg
+        self.methods, self.ref, self.weight = methods, ref, weight
+
+
+# Rough relative cost of each method (plain masked decoding = 1), only to schedule the longest jobs first.
+COST = {"plain": 1, "prefix cache": .5, "dual cache": .17, "threshold": .2, "prefix + threshold": .11,
+        "dual + threshold": .07, "no cache, static": .35, "block cache, static": .06, "no cache, dynamic": .28,
+        "block cache, dynamic": .05}
+
+_MODELS = {}  # per worker process: label -> (model, family, ids, mask), built and warmed up once
+
+
+def run_job(job):
+    """Time one (model, method) in this process: ``repeats`` generations, the fastest kept."""
+    spec, method, threshold, seed, threads = job
+    if threads:
+        torch.set_num_threads(threads)
+    if spec.label not in _MODELS:
+        model, tok, family = build(spec.family, spec.overrides, spec.sharpen, seed)
+        ids, mask = prompt_batch(tok, spec.batch)
+        warm_length = spec.base_cfg.get("block_length") or family.block_size
+        warm = dict(spec.base_cfg, gen_length=warm_length, block_length=None, steps=min(4, warm_length))
+        generate(model, family, ids, mask, SamplingConfig(**warm))  # warm-up, once per model and process
+        _MODELS[spec.label] = (model, family, ids, mask)
+    model, family, ids, mask = _MODELS[spec.label]
+    over, _ = spec.methods[method]
+    cfg = SamplingConfig(**{**spec.base_cfg, **{k: (threshold if k == "threshold" else v) for k, v in over.items()}})
+    counter = FedCounter(model)
+    best = cpu = float("inf")
+    for _ in range(spec.repeats):
+        counter.positions = 0
+        t, c = time.perf_counter(), time.process_time()
+        out = generate(model, family, ids, mask, cfg)
+        best, cpu = min(best, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    counter.handle.remove()
+    info = None
+    if method == spec.ref:
+        info = dict(params=sum(p.numel() for p in model.parameters()), prompt=ids.shape[1],
+                    top1=top1_prob(model, family, ids, mask, cfg.gen_length))
+    return spec.label, method, dict(nfe=out.nfe, wall=best, cpu=cpu, positions=counter.positions, seq=out.sequences,
+                                    length=cfg.gen_length, info=info)
+
+
+def revision() -> str:
+    """The checked-out commit (``+dirty`` when tracked files differ), so a table can be tied to the code it timed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=root, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def print_header():
+    print("| model | params | method | nfe | tokens/s | fwd/token | model tok/token | speed-up | CPU speed-up | "
+          "agreement | = no-cache twin | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_rows(spec, results):
+    """Rows of one model, in method order, with the ratios against its reference and no-cache twins."""
+    ref = results[spec.ref]
+    rows = []
+    for method, (_, twin) in spec.methods.items():
+        r = results[method]
+        agree = (r["seq"] == ref["seq"]).float().mean().item()
+        twin_agree = (r["seq"] == results[twin]["seq"]).float().mean().item()
+        n = r["length"]
+        rows.append(f"| {spec.label} | {ref['info']['params'] / 1e6:.1f}M | {method} | {r['nfe']} | "
+                    f"{spec.batch * n / r['wall']:,.1f} | {r['nfe'] / n:.3f} | {r['positions'] / n:.1f} | "
+                    f"{ref['wall'] / r['wall']:.2f}x | {ref['cpu'] / r['cpu']:.2f}x | {agree:.1%} | "
+                    f"{twin_agree:.1%} | {r['wall']:.2f} |")
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny models only, gen length 64, one repeat (< 30 s)")
+    p.add_argument("--masked", nargs="*", default=["llada", "dream"], choices=["llada", "dream"],
+                   help="masked-diffusion families benchmarked as tiny models (default: llada dream)")
+    p.add_argument("--block", nargs="*", default=["sdar", "llada2"], choices=["sdar", "sdar_moe", "llada2"],
+                   help="block-diffusion families benchmarked as tiny models (default: sdar llada2)")
+    p.add_argument("--large-masked", nargs="*", default=["llada"], choices=["llada", "dream"],
+                   help="masked-diffusion families also benchmarked at the large size (default: llada; none: "
+                        "pass the flag with no value)")
+    p.add_argument("--large-block", nargs="*", default=["sdar"], choices=["sdar"],
+                   help="block-diffusion families also benchmarked at the large size (default: sdar)")
+    p.add_argument("--no-one-layer", dest="one_layer", action="store_false",
+                   help="skip the 1-layer tiny masked models (on which the Fast-dLLM caches are exact)")
+    p.add_argument("--large-hidden", type=int, default=768, help="large model hidden size (default 768)")
+    p.add_argument("--large-layers", type=int, default=8, help="large model layers (default 8)")
+    p.add_argument("--large-heads", type=int, default=12, help="large model query heads (default 12)")
+    p.add_argument("--large-kv-heads", type=int, default=4,
+                   help="large model KV heads for Dream/SDAR (default 4; LLaDA is multi-head like LLaDA-8B)")
+    p.add_argument("--large-mlp", type=int, default=2048, help="large model MLP inner size (default 2048)")
+    p.add_argument("--gen-length", type=int, default=256, help="tokens generated per prompt (default 256)")
+    p.add_argument("--block-length", type=int, default=32,
+                   help="masked diffusion: semi-AR block length (default 32); block families use their own size")
+    p.add_argument("--steps", type=int, default=0,
+                   help="masked diffusion: total steps (default 0 = gen length, one token per step)")
+    p.add_argument("--remasking", default="low_confidence", choices=sorted(CONFIDENCE),
+                   help="confidence that ranks positions and meets the threshold (default low_confidence)")
+    p.add_argument("--schedule", default="linear", choices=["linear", "dream", "family"],
+                   help="masked diffusion: tokens per step without a threshold (default linear: the same even "
+                        "split, here one token per step, for LLaDA and Dream; family: Dream's linspace schedule)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="confidence threshold of parallel / dynamic decoding (default 0.9)")
+    p.add_argument("--sharpen", type=float, default=30.0,
+                   help="large models: multiply the LM-head weights by this so random predictions are peaked "
+                        "(default 30; 1 = off)")
+    p.add_argument("--tiny-sharpen", type=float, default=100.0,
+                   help="the same for tiny models (default 100: logits scale with sqrt(hidden), and "
+                        "30 * sqrt(768 / 64) ~ 100 gives the tiny models the large models' logit scale)")
+    p.add_argument("--batch", type=int, default=4, help="prompts per batch for tiny models (default 4)")
+    p.add_argument("--large-batch", type=int, default=1, help="prompts per batch for large models (default 1)")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per tiny-model row, min reported (default 2)")
+    p.add_argument("--large-repeats", type=int, default=1, help="timed runs per large-model row (default 1)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="worker processes timing (model, method) jobs side by side, longest first (default 2; "
+                        "1 = everything in this process, one after the other)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads per worker (default 1; 0 = torch's default)")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation seed (default 0)")
+    a = p.parse_args()
+    if a.quick:
+        a.gen_length, a.repeats, a.large_masked, a.large_block = 64, 1, [], []
+
+    masked_cfg = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps or a.gen_length,
+                      temperature=0.0, remasking=a.remasking, schedule=None if a.schedule == "family" else a.schedule)
+    block_cfg = dict(gen_length=a.gen_length, temperature=0.0, remasking=a.remasking, stop_at_eos=False)
+    specs = []
+    for fam in a.masked:
+        specs.append(Spec("masked", f"{fam}-tiny", fam, {}, a.batch, a.repeats, a.tiny_sharpen, masked_cfg,
+                          MASKED_METHODS, "plain", 0.05))
+    for fam in a.masked if a.one_layer else []:
+        one = dict(n_layers=1) if fam == "llada" else dict(num_hidden_layers=1)
+        specs.append(Spec("masked", f"{fam}-1layer", fam, one, a.batch, 1, a.tiny_sharpen, masked_cfg,
+                          MASKED_METHODS, "plain", 0.02))
+    for fam in a.large_masked:
+        specs.append(Spec("masked", f"{fam}-large", fam, large_overrides(fam, a), a.large_batch, a.large_repeats,
+                          a.sharpen, masked_cfg, MASKED_METHODS, "plain", 10.0))
+    for fam in a.block:
+        specs.append(Spec("block", f"{fam}-tiny", fam, {}, a.batch, a.repeats, a.tiny_sharpen, block_cfg,
+                          BLOCK_METHODS, "no cache, static", 0.05))
+    for fam in a.large_block:
+        specs.append(Spec("block", f"{fam}-large", fam, large_overrides(fam, a), a.large_batch, a.large_repeats,
+                          a.sharpen, block_cfg, BLOCK_METHODS, "no cache, static", 10.0))
+    jobs = [(s, m, a.threshold, a.seed, a.threads) for s in specs for m in s.methods]
+    jobs.sort(key=lambda j: -j[0].weight * j[0].repeats * COST[j[1]])
+
+    start = time.perf_counter()
+    threads = a.threads or torch.get_num_threads()
+    if a.jobs * threads > (os.cpu_count() or 1):
+        print(f"warning: {a.jobs} jobs x {threads} threads > {os.cpu_count()} CPUs: OpenMP threads will fight over "
+              "the cores and the timings will be noise", file=sys.stderr)
+    print(f"DARE {revision()}, torch {torch.__version__}, {a.jobs} worker(s) x {threads} thread(s), "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; temperature 0, {a.remasking}, "
+          f"schedule {a.schedule}, threshold {a.threshold:g}, sharpen {a.sharpen:g} (tiny models {a.tiny_sharpen:g})",
+          flush=True)
+    results = {s.label: {} for s in specs}
+    if a.jobs > 1:
+        pool = mp.get_context("fork").Pool(a.jobs, maxtasksperchild=None)
+        stream = pool.imap_unordered(run_job, jobs)
+    else:
+        pool, stream = None, map(run_job, jobs)
+    for label, method, r in stream:
+        results[label][method] = r
+        print(f"[{time.perf_counter() - start:5.0f} s] {label} / {method}: {r['wall']:.2f} s, nfe {r['nfe']}",
+              file=sys.stderr, flush=True)
+    if pool is not None:
+        pool.close()
+        pool.join()
+
+    for section, title in [("masked", f"Masked diffusion: gen length {a.gen_length}, block {a.block_length}, "
+                                      f"{masked_cfg['steps']} steps; reference = plain"),
+                           ("block", f"Block diffusion: gen length {a.gen_length}, steps per block = block size; "
+                                     f"dynamic = threshold {a.threshold:g}, at least one token per step; "
+                                     "reference = no cache, static")]:
+        chosen = [s for s in specs if s.section == section]
+        if not chosen:
+            continue
+        print(f"\n## {title}\n")
+        for s in chosen:
+            info = results[s.label][s.ref]["info"]
+            print(f"* {s.label}: {s.family}, {info['params'] / 1e6:.2f}M params, batch {s.batch} x prompt "
+                  f"{info['prompt']} (left padded), sharpen {s.sharpen:g}: mean top-1 probability at masked "
+                  f"positions {info['top1']:.3f}")
+        print()
+        print_header()
+        for s in chosen:
+            for row in table_rows(s, results[s.label]):
+                print(row)
+    print(f"\ntotal {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
