@@ -47,6 +47,7 @@ class Args:
     max_steps: int = -1  # > 0 overrides num_train_epochs
     per_device_train_batch_size: int = 2
     gradient_accumulation_steps: int = 1
+    group_by_length: bool = False  # batch examples of similar length together (less padding with pad_to=longest)
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
     gradient_checkpointing: bool = False
@@ -87,6 +88,7 @@ def main(args: Args):
         max_grad_norm=args.max_grad_norm, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=args.bf16,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
         activation_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,

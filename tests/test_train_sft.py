@@ -37,9 +37,10 @@ def args_for(data, out, **kw):
 
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "sdar_moe", "llada2"])
 def test_loss_goes_down(family, arithmetic, tmp_path):
-    args = args_for(arithmetic, tmp_path, model=f"tiny:{family}", max_steps=120, save_steps=120)
+    args = args_for(arithmetic, tmp_path, model=f"tiny:{family}", max_steps=200, save_steps=200,
+                    group_by_length=True)
     train_sft.main(args)
-    history = json.loads((tmp_path / "checkpoint-120" / "trainer_state.json").read_text())["log_history"]
+    history = json.loads((tmp_path / "checkpoint-200" / "trainer_state.json").read_text())["log_history"]
     curve = [h["loss"] for h in history if "loss" in h]
     first, last = sum(curve[:10]) / 10, sum(curve[-10:]) / 10
     assert last < 0.6 * first, f"{family}: loss {first:.3f} -> {last:.3f}"
@@ -76,6 +77,9 @@ def test_incomplete_checkpoints_are_never_resumed(tmp_path):
 def test_lora_trains_adapters_and_exports_merged(arithmetic, tmp_path):
     args = args_for(arithmetic, tmp_path, model="tiny:sdar", max_steps=10)
     args.lora.rank, args.lora.alpha = 4, 8
+    model, _, _ = train_sft.build_model(args)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
     train_sft.main(args)
     base, _ = tiny("sdar")
     merged, _, _ = load_pretrained(str(tmp_path / "merged"), dtype=torch.float32)
@@ -100,3 +104,11 @@ def test_config_file_and_overrides(tmp_path, arithmetic):
     recipe.write_text("modle: tiny:dream\n")
     with pytest.raises(ValueError, match="unknown key 'modle'"):
         parse(train_sft.Args, ["--config", str(recipe)])
+
+
+def test_unknown_family_is_refused(tmp_path, arithmetic):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 vocab_size=64)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="Unknown model family 'llama'"):
+        train_sft.main(args_for(arithmetic, tmp_path / "out", model=str(tmp_path / "llama"), max_steps=1))

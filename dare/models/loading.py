@@ -4,10 +4,10 @@ import json
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import cached_file
 
-from .family import Family
+from .family import KNOWN, Family
 
 # Tokenizer classes named by official tokenizer_config.json files that are remote code; the stock class loads them.
 _STOCK_TOKENIZER = {"DreamTokenizer": "Qwen2Tokenizer"}
@@ -32,7 +32,11 @@ def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_i
         from .tiny import tiny
         model, tokenizer = tiny(name_or_path.removeprefix("tiny:"))
         return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    if config.model_type not in KNOWN:  # fail before downloading weights
+        raise ValueError(f"Unknown model family {config.model_type!r} at {name_or_path}; known model_type values: "
+                         f"{sorted(KNOWN)}")
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype, attn_implementation=attn_implementation,
                                                  trust_remote_code=False, **kwargs)
     tokenizer = load_tokenizer(name_or_path)
     return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
