@@ -15,14 +15,9 @@ import time
 
 import torch
 
+from _common import hidden_override, rss_kib
+
 from dare.models import FAMILIES, Family, tiny
-
-
-def rss_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
-    return 0
 
 
 def step(fam, model, x):
@@ -34,10 +29,7 @@ def step(fam, model, x):
 
 def run(args, family, attn, ckpt, queue):
     torch.manual_seed(0)
-    overrides = dict(hidden_size=args.hidden) if args.hidden else {}
-    if args.hidden and family == "llada":
-        overrides = dict(d_model=args.hidden)
-    model, tok = tiny(family, **overrides)
+    model, tok = tiny(family, **hidden_override(family, args.hidden))
     model.config._attn_implementation = attn
     model.to(args.device).train()
     if ckpt:

@@ -27,15 +27,10 @@ import time
 import torch
 
 from dare.data import SFTCollator, SFTDataConfig
+from _common import hidden_override, rss_kib
+
 from dare.models import FAMILIES, Family, tiny
 from dare.objectives import sft_loss
-
-
-def rss_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
-    return 0
 
 
 def synthetic_rows(args, fam: Family, vocab: int) -> list[dict]:
@@ -53,10 +48,7 @@ def synthetic_rows(args, fam: Family, vocab: int) -> list[dict]:
 
 
 def build(args, family):
-    overrides = {}
-    if args.hidden:
-        overrides = dict(d_model=args.hidden) if family == "llada" else dict(hidden_size=args.hidden)
-    model, tok = tiny(family, seed=0, **overrides)
+    model, tok = tiny(family, seed=0, **hidden_override(family, args.hidden))
     model.config._attn_implementation = args.attn
     model.to(args.device).train()
     fam = Family.from_pretrained(model.config, tok)
