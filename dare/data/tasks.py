@@ -1,0 +1,90 @@
+"""Procedurally generated tasks with verifiable answers, in the row schema of the real RL data (``data_source``,
+chat ``prompt``, ``reward_model.ground_truth``, ``extra_info``), plus a reference ``extra_info.solution`` text an
+SFT stage can learn from. Seeded and deterministic; train/test come from disjoint seeds.
+
+    rows = make_task("countdown", n=1000, seed=0, split="train")
+    write_task("sudoku", "data/sudoku_test.parquet", n=200, seed=1, split="test")
+"""
+
+import json
+import random
+from pathlib import Path
+
+FORMAT = ("Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n\n")
+
+
+def _row(source, index, split, question, truth, solution, **extra):
+    return {"data_source": source, "prompt": [{"role": "user", "content": question}],
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {"split": split, "index": index, "task": "math", "solution": solution, **extra}}
+
+
+def arithmetic(rng: random.Random, index: int, split: str) -> dict:
+    """Two-term sums and differences of small numbers; the answer goes in \\boxed{}."""
+    a, b, op = rng.randint(0, 20), rng.randint(0, 20), rng.choice("+-")
+    value = a + b if op == "+" else a - b
+    return _row("arithmetic", index, split, f"What is {a} {op} {b}? Put the final answer in \\boxed{{}}.",
+                str(value), f"{a} {op} {b} = {value}. The answer is \\boxed{{{value}}}.")
+
+
+def countdown(rng: random.Random, index: int, split: str, size: int = 3) -> dict:
+    """Numbers and a target reachable with + - * using each number once (the generating expression is the
+    reference solution); the prompt is the real countdown prompt."""
+    numbers = [rng.randint(1, 20) for _ in range(size)]
+    order = rng.sample(numbers, size)
+    expression, value = str(order[0]), order[0]
+    for n in order[1:]:
+        op = rng.choice("+-*" if value * n <= 400 else "+-")
+        expression, value = (f"({expression}){op}{n}" if op == "*" and not expression.isdigit() else
+                             f"{expression}{op}{n}"), (value + n if op == "+" else value - n if op == "-" else value * n)
+    question = (FORMAT + f"Using only the numbers {numbers}, create an arithmetic expression that evaluates to "
+                f"exactly {value}. You must use all numbers from the list, and each number must be used exactly "
+                "once. You may use the operations +, -, *, and / as needed. After reasoning, provide only your "
+                "final expression inside <answer></answer> tags without including an equals sign or the target "
+                "number.")
+    return _row("countdown", index, split, question, str(value),
+                f"<reasoning>\n{expression} = {value}\n</reasoning>\n<answer>\n{expression}\n</answer>",
+                numbers=json.dumps(numbers))
+
+
+def sudoku(rng: random.Random, index: int, split: str, empty: int = 6) -> dict:
+    """A random valid 4x4 grid (relabelled, row/column-permuted base pattern) with ``empty`` cells blanked."""
+    base = [[0, 1, 2, 3], [2, 3, 0, 1], [1, 0, 3, 2], [3, 2, 1, 0]]
+    digits = rng.sample("1234", 4)
+    bands = rng.sample([[0, 1], [2, 3]], 2)
+    rows = [r for band in bands for r in rng.sample(band, 2)]
+    stacks = rng.sample([[0, 1], [2, 3]], 2)
+    cols = [c for stack in stacks for c in rng.sample(stack, 2)]
+    solution = "".join(digits[base[r][c]] for r in rows for c in cols)
+    holes = set(rng.sample(range(16), empty))
+    puzzle = "".join("0" if i in holes else d for i, d in enumerate(solution))
+    question = (FORMAT + "Solve this 4x4 Sudoku puzzle, given as a 16-character string read left-to-right, "
+                "top-to-bottom, where '0' is an empty cell. Fill the empty cells with digits 1-4 so that every "
+                "row, column and 2x2 box holds 1-4 exactly once. Answer with the complete 16-digit grid.\n\n"
+                f"Puzzle: {puzzle}")
+    return _row("sudoku", index, split, question, solution,
+                f"<reasoning>\nFill the {empty} empty cells.\n</reasoning>\n<answer>\n{solution}\n</answer>",
+                puzzle=puzzle)
+
+
+TASKS = {"arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku}
+
+
+def make_task(name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:
+    if name not in TASKS:
+        raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}")
+    rng = random.Random(f"{name}-{split}-{seed}")  # the split is part of the seed: train and test never share a stream
+    return [TASKS[name](rng, i, split) for i in range(n)]
+
+
+def write_task(name: str, path: str, n: int, seed: int = 0, split: str = "train") -> str:
+    """Write ``make_task`` rows to a .parquet or .jsonl file."""
+    rows = make_task(name, n, seed, split)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        import pandas as pd
+        pd.DataFrame(rows).to_parquet(path)
+    return str(path)

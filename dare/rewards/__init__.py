@@ -1,0 +1,73 @@
+"""Reward functions by name (design.md: ``dare/rewards/`` knows nothing about training).
+
+Every reward is ``fn(completion, ground_truth, extra_info=None) -> RewardResult`` and registers itself with
+``@reward("name")``. Recipes name rewards (optionally with weights, see :func:`combine`); a row without an
+explicit choice gets :func:`score_for_source`'s default, which mirrors DARE's dispatch (models-and-sampling §6.2).
+
+Known names: math, math_answer_tag, gsm8k (``dare.rewards.math``); countdown, sudoku (``dare.rewards.puzzles``);
+format_strict, format_soft, format_xml_count (``dare.rewards.format``). ``code`` is reserved for the sandboxed
+code reward and is registered by whichever module implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    score: float  # the scalar the algorithm turns into advantages
+    acc: float  # 1.0 when the answer is correct, else 0.0 (logged as accuracy)
+    pred: str | None = None  # the extracted answer, for logging
+
+
+RewardFn = Callable[..., RewardResult]  # (completion: str, ground_truth: str, extra_info: dict | None) -> RewardResult
+REWARDS: dict[str, RewardFn] = {}
+
+
+def reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register ``fn`` under ``name``; registering the same name twice is an error."""
+
+    def register(fn: RewardFn) -> RewardFn:
+        if name in REWARDS and REWARDS[name] is not fn:
+            raise ValueError(f"reward {name!r} is already registered")
+        REWARDS[name] = fn
+        return fn
+
+    return register
+
+
+def get_reward(name: str) -> RewardFn:
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}")
+    return REWARDS[name]
+
+
+def combine(names_with_weights: list[tuple[str, float]] | dict[str, float]) -> RewardFn:
+    """A reward whose score is ``sum(w * fn(...).score)``; ``acc`` and ``pred`` come from the first (primary) one."""
+    items = list(names_with_weights.items() if isinstance(names_with_weights, dict) else names_with_weights)
+    if not items:
+        raise ValueError("combine() needs at least one reward")
+    fns = [(get_reward(name), float(weight)) for name, weight in items]  # fail early on unknown names
+
+    def combined(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+        results = [(fn(completion, ground_truth, extra_info), w) for fn, w in fns]
+        primary = results[0][0]
+        return RewardResult(sum(w * r.score for r, w in results), primary.acc, primary.pred)
+
+    return combined
+
+
+def score_for_source(data_source: str, task: str | None = "math") -> str:
+    """Default reward name for a row, as DARE's ``dllm_rm`` dispatches (task first, then data source)."""
+    if task == "code":
+        return "code"
+    if data_source.startswith("sudoku"):
+        return "sudoku"
+    if data_source == "countdown":
+        return "countdown"
+    return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
+
+
+from dare.rewards import format, math, puzzles  # noqa: E402,F401  (register the built-in rewards)

@@ -1,0 +1,109 @@
+"""Math rewards: the last ``\\boxed{}`` answer (DARE's default), an ``<answer>``-tag variant, and a GSM8K one.
+
+Binary rewards, no format term. Equivalence = a fast normalised string check, then ``math_verify`` (parse +
+verify). math_verify's timeouts use ``signal.alarm``, which only works in the main thread, so they are enabled
+there and disabled in worker threads (rewards are often scored from a thread pool); long predictions are not
+handed to sympy at all. DARE's own Hendrycks/sympy grader (§6.2) is replaced by math_verify.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from dare.rewards import RewardResult, reward
+
+NO_ANSWER = "ERROR: Answer Extraction Failed"
+MAX_VERIFY_CHARS = 1000  # longer predictions are compared as strings only
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``/``\\fbox{...}``, braces matched; ``None`` if absent or unbalanced."""
+    starts = list(_BOX.finditer(text))
+    if not starts:
+        return None
+    i = start = starts[-1].end()
+    depth = 1
+    while i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i]
+        i += 1
+    return None
+
+
+def last_answer_tag(text: str) -> str | None:
+    spans = _ANSWER.findall(text)
+    return spans[-1] if spans else None
+
+
+def _normalise(s: str) -> str:
+    s = re.sub(r"\\text\{(.*?)\}", r"\1", s)
+    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\$", ""), ("$", ""), ("dfrac", "frac"),
+                     ("tfrac", "frac"), ("^{\\circ}", ""), ("^\\circ", "")):
+        s = s.replace(old, new)
+    return "".join(s.split()).rstrip(".")
+
+
+def is_equiv(pred: str, gold: str) -> bool:
+    """``pred`` and ``gold`` (bare answers, no ``\\boxed``) denote the same mathematical object."""
+    if _normalise(pred) == _normalise(gold) != "":
+        return True
+    if len(pred) > MAX_VERIFY_CHARS:
+        return False
+    from math_verify import parse, verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        g = parse("\\boxed{" + gold + "}", parsing_timeout=timeout)
+        p = parse("\\boxed{" + pred + "}", parsing_timeout=timeout)
+        return bool(g and p and verify(g, p, timeout_seconds=timeout))
+    except Exception:  # sympy/latex errors and math_verify timeouts count as wrong
+        return False
+
+
+def _gold(ground_truth: str) -> str:
+    boxed = last_boxed(ground_truth)
+    return (boxed if boxed is not None else ground_truth).strip()
+
+
+def _score(pred: str | None, gold: str) -> RewardResult:
+    if pred is None:
+        return RewardResult(0.0, 0.0, NO_ANSWER)
+    ok = float(is_equiv(pred.strip(), gold))
+    return RewardResult(ok, ok, pred)
+
+
+@reward("math")
+def math_reward(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """1.0 when the last boxed answer equals the (possibly boxed) ground truth, else 0.0."""
+    return _score(last_boxed(completion), _gold(ground_truth))
+
+
+@reward("math_answer_tag")
+def math_answer_tag(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """Like ``math`` but the answer is the last ``<answer>...</answer>`` span (a box inside it is unwrapped)."""
+    span = last_answer_tag(completion)
+    if span is not None and last_boxed(span) is not None:
+        span = last_boxed(span)
+    return _score(span, _gold(ground_truth))
+
+
+def _gsm8k_number(text: str) -> str:
+    return text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+
+
+@reward("gsm8k")
+def gsm8k(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """GSM8K: the answer after the last ``####`` or in the last box, whichever comes later in the text."""
+    hashes = completion.rfind("####")
+    box = [m.start() for m in _BOX.finditer(completion)]
+    if hashes >= 0 and (not box or hashes > box[-1]):
+        pred = _gsm8k_number(completion[hashes + 4:].strip().split("\n")[0])
+        pred = pred or None
+    else:
+        pred = last_boxed(completion)
+    gold = ground_truth.split("####")[-1] if "####" in ground_truth else _gold(ground_truth)
+    return _score(pred, _gsm8k_number(gold))

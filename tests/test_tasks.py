@@ -1,0 +1,76 @@
+"""Generated tasks: real-data schema, determinism, disjoint splits, and reference solutions that are correct."""
+
+import ast
+import json
+import re
+
+import pytest
+from conftest import SHARED
+
+from dare.data import load_rows
+from dare.data.tasks import TASKS, make_task, write_task
+
+
+def evaluate(expression: str) -> float:
+    return eval(compile(ast.parse(expression, mode="eval"), "<expr>", "eval"), {"__builtins__": {}})
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_deterministic_and_splits_differ(name):
+    assert make_task(name, 20, seed=3) == make_task(name, 20, seed=3)
+    train, test = make_task(name, 50, 0, "train"), make_task(name, 50, 0, "test")
+    questions = {r["prompt"][0]["content"] for r in train}
+    assert sum(r["prompt"][0]["content"] in questions for r in test) < 10  # streams differ (a few collide by chance)
+    assert {r["extra_info"]["split"] for r in test} == {"test"}
+
+
+def test_countdown_solutions_reach_the_target_with_each_number_once():
+    for row in make_task("countdown", 200, seed=1):
+        numbers = json.loads(row["extra_info"]["numbers"])
+        answer = re.findall(r"<answer>\s*(.*?)\s*</answer>", row["extra_info"]["solution"], re.S)[-1]
+        assert sorted(int(n) for n in re.findall(r"\d+", answer)) == sorted(numbers)
+        assert evaluate(answer) == int(row["reward_model"]["ground_truth"])
+
+
+def test_sudoku_solutions_are_valid_and_match_the_puzzle():
+    for row in make_task("sudoku", 200, seed=2):
+        grid, puzzle = row["reward_model"]["ground_truth"], row["extra_info"]["puzzle"]
+        cells = [[int(grid[4 * r + c]) for c in range(4)] for r in range(4)]
+        groups = cells + [list(col) for col in zip(*cells)] + [
+            [cells[r][c] for r in (br, br + 1) for c in (bc, bc + 1)] for br in (0, 2) for bc in (0, 2)]
+        assert all(sorted(g) == [1, 2, 3, 4] for g in groups)
+        assert all(p in ("0", s) for p, s in zip(puzzle, grid)) and puzzle.count("0") == 6
+
+
+def test_arithmetic_answers():
+    for row in make_task("arithmetic", 100):
+        a, op, b = re.search(r"What is (\d+) ([+-]) (\d+)\?", row["prompt"][0]["content"]).groups()
+        assert int(row["reward_model"]["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+        assert f"\\boxed{{{row['reward_model']['ground_truth']}}}" in row["extra_info"]["solution"]
+
+
+def test_written_files_have_the_real_schema(tmp_path):
+    path = write_task("countdown", str(tmp_path / "cd.parquet"), 10)
+    rows = load_rows(path)
+    assert len(rows) == 10 and rows[0]["prompt"][0]["role"] == "user"
+    jsonl = load_rows(write_task("sudoku", str(tmp_path / "s.jsonl"), 5))
+    assert jsonl[0]["reward_model"]["style"] == "rule"
+    real = SHARED / "data" / "rl" / "test" / "countdown_1.parquet"
+    if real.exists():
+        assert set(load_rows(str(real)).column_names) == set(rows.column_names)
+    with pytest.raises(ValueError, match="Unknown task 'chess'"):
+        make_task("chess", 1)
+
+
+@pytest.mark.parametrize("name,reward_name", [("arithmetic", "math"), ("countdown", "countdown"),
+                                              ("sudoku", "sudoku")])
+def test_reference_solutions_earn_full_reward(name, reward_name):
+    from dare.rewards import get_reward, score_for_source
+    rows = make_task(name, 30, seed=4)
+    assert score_for_source(rows[0]["data_source"]) == reward_name
+    fn = get_reward(reward_name)
+    for row in rows:
+        result = fn(row["extra_info"]["solution"], row["reward_model"]["ground_truth"], row["extra_info"])
+        assert (result.score, result.acc) == (1.0, 1.0), (row["extra_info"]["solution"], result)
+    wrong = fn("<answer>\n1\n</answer> \\boxed{-999}", rows[0]["reward_model"]["ground_truth"], rows[0]["extra_info"])
+    assert wrong.score < 1.0
