@@ -5,8 +5,8 @@ Every reward is ``fn(completion, ground_truth, extra_info=None) -> RewardResult`
 explicit choice gets :func:`score_for_source`'s default, which mirrors DARE's dispatch (models-and-sampling §6.2).
 
 Known names: math, math_answer_tag, gsm8k (``dare.rewards.math``); countdown, sudoku (``dare.rewards.puzzles``);
-format_strict, format_soft, format_xml_count (``dare.rewards.format``). ``code`` is reserved for the sandboxed
-code reward and is registered by whichever module implements it.
+format_strict, format_soft, format_xml_count (``dare.rewards.format``); code (``dare.rewards.code``, run in the
+sandbox of ``dare.rewards.sandbox``).
 """
 
 from __future__ import annotations
@@ -70,4 +70,4 @@ def score_for_source(data_source: str, task: str | None = "math") -> str:
     return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
 
 
-from dare.rewards import format, math, puzzles  # noqa: E402,F401  (register the built-in rewards)
+from dare.rewards import code, format, math, puzzles  # noqa: E402,F401  (register the built-in rewards)
