@@ -1,5 +1,7 @@
 """Helpers shared by the bench scripts (run as ``python bench/<script>.py``, so this folder is on sys.path)."""
 
+import multiprocessing as mp
+
 
 def rss_kib(field: str) -> int:
     """A field of /proc/self/status in KiB: ``VmRSS`` (now) or ``VmHWM`` (peak)."""
@@ -14,3 +16,16 @@ def hidden_override(family: str, hidden: int) -> dict:
     if not hidden:
         return {}
     return dict(d_model=hidden) if family == "llada" else dict(hidden_size=hidden)
+
+
+def in_child(target, *args):
+    """Run ``target(*args, queue)`` in a forked child (its own peak memory) and return what it put on the queue;
+    a crashed child is an error, not a hang."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    proc.join()
+    if proc.exitcode:
+        raise SystemExit(f"{getattr(target, '__name__', target)}{args[1:]}: child failed with exit code {proc.exitcode}")
+    return queue.get()

@@ -9,13 +9,12 @@ On a GPU (``--device cuda``) the peak is ``torch.cuda.max_memory_allocated``.
 """
 
 import argparse
-import multiprocessing as mp
 import statistics
 import time
 
 import torch
 
-from _common import hidden_override, rss_kib
+from _common import hidden_override, in_child, rss_kib
 
 from dare.models import FAMILIES, Family, tiny
 
@@ -64,18 +63,13 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration, median reported")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
-    ctx = mp.get_context("fork")
     print(f"batch {args.batch} x seq {args.seq}, device {args.device}, torch threads {torch.get_num_threads()}")
     print(f"| family | params | attention | grad ckpt | fwd+bwd ms | tokens/s | peak MiB |")
     print(f"|---|---|---|---|---|---|---|")
     for family in args.families:
         for attn in ("sdpa", "eager"):
             for ckpt in (False, True):
-                queue = ctx.Queue()
-                proc = ctx.Process(target=run, args=(args, family, attn, ckpt, queue))
-                proc.start()
-                seconds, peak, params = queue.get()
-                proc.join()
+                seconds, peak, params = in_child(run, args, family, attn, ckpt)
                 tps = args.batch * args.seq / seconds
                 print(f"| {family} | {params / 1e6:.2f}M | {attn} | {'on' if ckpt else 'off'} | "
                       f"{seconds * 1e3:.1f} | {tps:,.0f} | {peak:.1f} |", flush=True)

@@ -17,7 +17,6 @@ after the model is built) is its own; on a GPU (``--device cuda``) the peak is `
 """
 
 import argparse
-import multiprocessing as mp
 import random
 import shutil
 import statistics
@@ -27,7 +26,7 @@ import time
 import torch
 
 from dare.data import SFTCollator, SFTDataConfig
-from _common import hidden_override, rss_kib
+from _common import hidden_override, in_child, rss_kib
 
 from dare.models import FAMILIES, Family, tiny
 from dare.objectives import sft_loss
@@ -131,16 +130,6 @@ def child(args, family, kind, queue):
     queue.put((statistics.median(steps[args.warmup:]), peak_mib, params, wall))
 
 
-def measure(ctx, args, family, kind):
-    queue = ctx.Queue()
-    proc = ctx.Process(target=child, args=(args, family, kind, queue))
-    proc.start()
-    proc.join()
-    if proc.exitcode:
-        raise SystemExit(f"{family} {kind}: child failed with exit code {proc.exitcode}")
-    return queue.get()
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -164,7 +153,6 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
-    ctx = mp.get_context("fork")
     tokens = args.batch * args.max_length
     print(f"batch {args.batch} x {args.max_length} tokens (all tokens counted), {args.warmup} warm-up + "
           f"{args.steps} timed steps, device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
@@ -173,8 +161,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     start = time.perf_counter()
     for family in args.families:
-        t_step, t_peak, params, _ = measure(ctx, args, family, "trainer")
-        l_step, l_peak, _, _ = measure(ctx, args, family, "loop")
+        t_step, t_peak, params, _ = in_child(child, args, family, "trainer")
+        l_step, l_peak, _, _ = in_child(child, args, family, "loop")
         print(f"| {family} | {params / 1e6:.2f}M | {t_step * 1e3:.1f} | {l_step * 1e3:.1f} | {tokens / t_step:,.0f} | "
               f"{tokens / l_step:,.0f} | {(t_step / l_step - 1) * 100:+.1f} | {t_peak:.1f} | {l_peak:.1f} |",
               flush=True)
