@@ -3,6 +3,7 @@
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --prompt "What is 15 * 4?" --gen-length 128 --steps 128
     python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9          # interactive chat (empty line or Ctrl-D quits)
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
+    python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
 
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
 folder or ``tiny:<family>``.
@@ -15,6 +16,7 @@ import torch
 import tyro
 
 from dare.engines import HFEngine
+from dare.eval.trajectory import write_trajectory_html
 from dare.models import load_pretrained
 from dare.sampling import SamplingConfig
 
@@ -30,6 +32,7 @@ class Args:
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     seed: int = 0
     show_order: bool = False  # also print the step at which each generated token was fixed
+    trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
 
 
 def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
@@ -40,6 +43,11 @@ def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
           f"{rollout.nfe} forward passes]", file=sys.stderr)
     if args.show_order:
         print(f"[decoding step per token: {rollout.step_map[0].tolist()}]", file=sys.stderr)
+    if args.trajectory:
+        block = engine.family.block_size or args.sampling.block_length
+        write_trajectory_html(args.trajectory, engine.tokenizer, rollout.completion_ids[0], rollout.step_map[0],
+                              block, title=f"{args.model}: decoding order")
+        print(f"[trajectory written to {args.trajectory}]", file=sys.stderr)
     return text
 
 

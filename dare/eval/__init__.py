@@ -1,0 +1,1 @@
+"""Evaluation helpers: benchmarks and reports (to come), the trajectory viewer."""
