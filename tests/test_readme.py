@@ -35,7 +35,7 @@ def tiny_name(model: str) -> str:
     raise AssertionError(f"README names a model of no known family: {model}")
 
 
-def test_evaluate_commands_run_with_tiny_stand_ins():
+def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
     """Each README `python evaluate.py ...` line runs as written, with hub models swapped for tiny stand-ins of
     the same family (no downloads here); chat-mode lines get one user turn on stdin."""
     import shlex
@@ -52,7 +52,7 @@ def test_evaluate_commands_run_with_tiny_stand_ins():
             if "--steps" in argv:
                 argv[argv.index("--steps") + 1] = "32"
         res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], input="hello\n", text=True,
-                             capture_output=True, timeout=300, cwd=ROOT)
+                             capture_output=True, timeout=300, cwd=tmp_path)
         assert res.returncode == 0, (line, res.stderr[-2000:])
         assert "tokens/s" in res.stderr, line
 
