@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sampling import SamplingConfig, generate
+from ..sampling.primitives import after_first
 from .base import Rollout
 
 
@@ -53,8 +54,7 @@ class HFEngine:
         completion = torch.cat([g.sequences for _, _, g in parts])
         step_map = torch.cat([g.step_map for _, _, g in parts])
         is_stop = torch.isin(completion, torch.tensor(self.family.stop_ids, device=completion.device))
-        before_stop = (is_stop.long().cumsum(-1) - is_stop.long()) == 0  # up to and including the first stop
-        completion_mask = (before_stop & (step_map >= 0)).long()
+        completion_mask = (~after_first(is_stop) & (step_map >= 0)).long()  # up to and including the first stop
         texts = [self.tokenizer.decode(c[m.bool() & ~s], skip_special_tokens=True)
                  for c, m, s in zip(completion, completion_mask, is_stop)]
         if len({len(g.states) for _, _, g in parts}) > 1:

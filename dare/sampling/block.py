@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .cache import truncate
-from .primitives import decode_step, linear_schedule
+from .primitives import after_first, decode_step, linear_schedule
 
 
 def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
@@ -85,7 +85,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
 
     seq, steps_taken, blk = (t.gather(1, region) for t in (x, step_map, block_step))
     if cfg.stop_at_eos:  # everything after the first stop token is padding
-        after = torch.isin(seq, stop_ids).long().cumsum(-1) - torch.isin(seq, stop_ids).long() > 0
+        after = after_first(torch.isin(seq, stop_ids))
         seq = seq.masked_fill(after, family.pad_id)
         steps_taken, blk = steps_taken.masked_fill(after, -1), blk.masked_fill(after, -1)
         out.states = [s.masked_fill(after, family.pad_id) for s in out.states]

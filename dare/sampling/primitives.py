@@ -24,6 +24,18 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
+def gumbel(shape, device, generator=None, dtype=torch.float32) -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log u)``."""
+    u = torch.rand(shape, dtype=dtype, device=device, generator=generator)
+    return -torch.log(-torch.log(u.clamp_min(torch.finfo(dtype).tiny)))
+
+
+def after_first(flags: torch.Tensor) -> torch.Tensor:
+    """Positions strictly after the first True of each row (e.g. the padding after a stop token)."""
+    flags = flags.long()
+    return flags.cumsum(-1) - flags > 0
+
+
 def propose(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
             generator: torch.Generator | None = None) -> torch.Tensor:
     """A token per position: argmax at temperature 0, else Gumbel-max sampling from softmax(filtered / T),
@@ -31,9 +43,8 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int | None = None, 
     logits = filter_logits(logits, top_k, top_p)
     if temperature <= 0:
         return logits.argmax(-1)
-    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
-    return (logits.double() / temperature + gumbel).argmax(-1)
+    noise = gumbel(logits.shape, logits.device, generator, torch.float64)
+    return (logits.double() / temperature + noise).argmax(-1)
 
 
 # ---------------------------------------------------------------- confidence (remasking algorithms)
@@ -110,8 +121,7 @@ def top_n(conf: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 
 def sample_n(conf: torch.Tensor, n: torch.Tensor, alg_temp: float, generator=None) -> torch.Tensor:
     """Dream's ``alg_temp``: draw ``n[b]`` positions without replacement from softmax(conf / alg_temp)."""
-    keys = conf / alg_temp - torch.log(-torch.log(
-        torch.rand(conf.shape, device=conf.device, generator=generator).clamp_min(1e-20)))
+    keys = conf / alg_temp + gumbel(conf.shape, conf.device, generator)
     return top_n(keys.masked_fill(~torch.isfinite(conf), NEG_INF), n)
 
 
