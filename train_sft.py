@@ -18,15 +18,8 @@ from dare.config import parse
 from dare.data import SFTCollator, SFTDataConfig, load_rows
 from dare.data.sft import tokenize_dataset
 from dare.models import load_pretrained
-from dare.trainers import DiffusionSFTTrainer, latest_complete_checkpoint
-
-
-@dataclass
-class LoraArgs:
-    rank: int = 0  # 0 = full fine-tuning
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: str = "all-linear"  # or a comma-separated list, e.g. q_proj,v_proj
+from dare.models.lora import LoraArgs, apply_lora
+from dare.trainers import DiffusionSFTTrainer, fit
 
 
 @dataclass
@@ -61,23 +54,11 @@ class Args:
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
 
 
-def build_model(args: Args):
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
-    if args.lora.rank > 0:
-        from peft import LoraConfig, get_peft_model
-        targets = args.lora.target_modules
-        targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
-        if args.gradient_checkpointing:
-            model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=args.lora.rank, lora_alpha=args.lora.alpha, bias="none",
-                                                 lora_dropout=args.lora.dropout, target_modules=targets))
-    return model, tokenizer, family
-
-
 def main(args: Args):
     set_seed(args.seed)
-    model, tokenizer, family = build_model(args)
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
     rows = load_rows(args.data.path, args.data.split)
     if args.data.limit:
         rows = rows.select(range(min(args.data.limit, len(rows))))
@@ -95,15 +76,8 @@ def main(args: Args):
         seed=args.seed, remove_unused_columns=False)
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, family=family,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer)
-    checkpoint = latest_complete_checkpoint(args.output_dir) if args.resume else None
-    if args.resume and checkpoint is None:
-        print(f"--resume: no complete checkpoint in {args.output_dir}; starting from scratch")
-    trainer.train(resume_from_checkpoint=checkpoint)
-    trainer.save_model(args.output_dir)
-    if args.lora.rank > 0 and args.export_merged and trainer.is_world_process_zero():
-        merged = trainer.model.merge_and_unload()
-        merged.save_pretrained(f"{args.output_dir}/merged")
-        tokenizer.save_pretrained(f"{args.output_dir}/merged")
+    merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
+    fit(trainer, args.resume, merged)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,21 @@ def _apply(instance, values: dict, where: str):
     return instance
 
 
+def peek(key: str, argv: list[str] | None = None, default=None):
+    """The value of ``--key`` from the command line, else from the ``--config`` YAML, else ``default`` — for
+    choices that decide the config class itself (``train_rl.py --algo``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument(f"--{key.replace('_', '-')}", dest="value")
+    known, _ = pre.parse_known_args(argv)
+    if known.value is not None:
+        return known.value
+    if known.config:
+        return (yaml.safe_load(Path(known.config).read_text()) or {}).get(key, default)
+    return default
+
+
 def parse(cls, argv: list[str] | None = None):
     """``--config FILE`` (YAML, keys = field names, nested sections for nested dataclasses) sets the defaults;
     every field is also a flag."""

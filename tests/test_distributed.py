@@ -55,3 +55,23 @@ def test_two_process_cpu_ddp(tmp_path):
     history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     epochs = [h["epoch"] for h in history if "loss" in h]
     assert epochs == pytest.approx([4 / 64 * step for step in range(1, 5)]), epochs
+
+
+def test_two_process_cpu_rl(tmp_path):
+    """train_rl.py under a 2-process launch: each rank rolls out its own prompts (the normaliser and metrics are
+    reduced over both), validation is sharded and gathered, and the checkpoint is complete."""
+    from dare.data.tasks import write_task
+    train = write_task("addition", str(tmp_path / "train.jsonl"), 64, 0, "train")
+    test = write_task("addition", str(tmp_path / "test.jsonl"), 5, 0, "test")
+    out_dir = tmp_path / "out"
+    _launch(["train_rl.py", "--algo", "d1", "--model", "tiny:llada", "--data.path", train, "--data.eval-path", test,
+             "--max-steps", "2", "--save-steps", "2", "--eval-steps", "2", "--prompts-per-step", "4",
+             "--num-generations", "2", "--micro-batch-size", "2", "--rollout.gen-length", "8",
+             "--validation.gen-length", "8", "--output-dir", str(out_dir)])
+    checkpoint = out_dir / "checkpoint-2"
+    assert (checkpoint / "COMPLETE").exists()
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    train_logs = [h for h in history if "loss" in h]
+    assert [h["epoch"] for h in train_logs] == pytest.approx([4 / 64, 8 / 64])  # 2 ranks x 2 prompts per step
+    assert all("reward/addition" in h and "rollout/tokens_per_s" in h for h in train_logs)
+    assert any("eval_acc/addition" in h for h in history)

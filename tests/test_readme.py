@@ -57,14 +57,24 @@ def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
         assert "tokens/s" in res.stderr, line
 
 
-def test_tiny_training_command_runs_as_written(tmp_path):
+def run_readme_line(prefix: str, tmp_path):
+    """Run the README line that starts with ``prefix`` as written, its --output-dir moved into ``tmp_path``."""
     import shlex
     import subprocess
     import sys
-    line = next(ln for ln in README.splitlines() if ln.startswith("python train_sft.py --model tiny:"))
-    argv = shlex.split(line)[2:]
+    line = next(ln for ln in README.splitlines() if ln.startswith(prefix))
+    argv = shlex.split(line)[1:]
     argv[argv.index("--output-dir") + 1] = str(tmp_path / "out")
-    res = subprocess.run([sys.executable, str(ROOT / "train_sft.py"), *argv], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(ROOT / argv[0]), *argv[1:]], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert (tmp_path / "out" / "model.safetensors").exists()
+    return tmp_path / "out"
+
+
+def test_tiny_training_command_runs_as_written(tmp_path):
+    assert (run_readme_line("python train_sft.py --model tiny:", tmp_path) / "model.safetensors").exists()
+
+
+def test_tiny_rl_command_runs_as_written(tmp_path):
+    out = run_readme_line("python train_rl.py --algo d1 --model tiny:", tmp_path)
+    assert (out / "model.safetensors").exists() and (out / "completions.jsonl").exists()

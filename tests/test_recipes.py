@@ -1,26 +1,39 @@
-"""Every recipe under recipes/ parses into train_sft.Args (unknown keys raise), names a known model family and points
-at data that exists; every accelerate config under accelerate_configs/ loads with the installed accelerate."""
+"""Every recipe under recipes/ parses into its script's Args (train_sft.py for sft*.yaml, train_rl.py for the rest;
+unknown keys raise), names a known model family and points at data that exists; every accelerate config under
+accelerate_configs/ loads with the installed accelerate."""
 
 from pathlib import Path
 
 import pytest
 
+import train_rl
 import train_sft
-from dare.config import parse
+from dare.config import parse, peek
+from dare.models import Family, tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+SFT_RECIPES = [p for p in RECIPES if p.stem.startswith("sft")]
+RL_RECIPES = [p for p in RECIPES if not p.stem.startswith("sft")]
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2"}
 
 
 def test_recipes_exist():
-    assert {p.parent.name for p in RECIPES} >= set(FAMILY_MARKERS)
-    assert len(RECIPES) >= 2 * len(FAMILY_MARKERS)
+    assert {p.parent.name for p in SFT_RECIPES} >= set(FAMILY_MARKERS)
+    assert {p.parent.name for p in RL_RECIPES} >= set(FAMILY_MARKERS)
+    assert len(SFT_RECIPES) >= 2 * len(FAMILY_MARKERS)
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
-def test_recipe_parses(path):
+def check_paths(path, *paths):
+    if not (ROOT.parent / "shared").is_dir():
+        pytest.skip("../shared is absent: data path not checked")
+    for data in (ROOT / p.strip() for group in paths for p in group.split(",")):
+        assert data.exists(), f"{path.name}: {data} does not exist"
+
+
+@pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_sft_recipe_parses(path):
     assert path.read_text().startswith("# accelerate launch "), "first line: the launch command"
     args = parse(train_sft.Args, ["--config", str(path)])
     family = path.parent.name
@@ -28,10 +41,25 @@ def test_recipe_parses(path):
     assert isinstance(args.learning_rate, float) and 0 < args.learning_rate < 1e-3
     assert args.data.prompt_key and args.data.response_key and args.data.max_length > 0
     assert (args.lora.rank > 0) == path.stem.endswith("lora")
-    data = ROOT / args.data.path
-    if not (ROOT.parent / "shared").is_dir():
-        pytest.skip("../shared is absent: data path not checked")
-    assert data.exists(), f"{path.name}: {data} does not exist"
+    check_paths(path, args.data.path)
+
+
+@pytest.mark.parametrize("path", RL_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_rl_recipe_parses(path):
+    assert path.read_text().startswith("# accelerate launch "), "first line: the launch command"
+    algo = peek("algo", ["--config", str(path)])
+    assert algo and path.stem.startswith(algo.replace("-", "_")), f"{path.name}: file name should start with {algo}"
+    args = parse(train_rl.args_class(algo), ["--config", str(path)])
+    family = path.parent.name
+    assert FAMILY_MARKERS[family] in args.model, f"{args.model} is not a {family} model"
+    assert isinstance(args.learning_rate, float) and 0 < args.learning_rate < 1e-3
+    model, tokenizer = tiny(family)
+    fam = Family.from_pretrained(model.config, tokenizer)
+    args.algo_config.validate(fam)
+    args.rollout.resolve(fam).validate()
+    args.validation.resolve(fam).validate()
+    assert args.save_steps % args.algo_config.num_iterations == 0
+    check_paths(path, args.data.path, *([args.data.eval_path] if args.data.eval_path else []))
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)

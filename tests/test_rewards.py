@@ -229,3 +229,28 @@ def test_real_sudoku_rows():
         assert len(gt) == 16 and len(info["puzzle"]) == 16
         assert get_reward("sudoku")(f"<reasoning>ok</reasoning><answer>{gt}</answer>", gt, info).score == 1.0
         assert get_reward("sudoku")(f"<answer>{info['puzzle']}</answer>", gt, info).score == 0.0
+
+
+def test_reward_router_specs():
+    from dare.rewards.routing import RewardRouter
+    row = {"data_source": "gsm8k", "ground_truth": "4", "extra_info": {}}
+    countdown = {"data_source": "countdown", "ground_truth": "5", "extra_info": {"numbers": "[2, 3]"}}
+    auto = RewardRouter(["auto"])
+    assert auto("so \\boxed{4}", row).score == 1.0  # auto: DARE's math reward for gsm8k
+    assert auto("<answer>2+3</answer>", countdown).score == 1.0  # ... and the countdown rules for countdown
+    mixed = RewardRouter(["gsm8k=math", "format_soft:0.5"])
+    assert mixed.entries("gsm8k") == [("math", 1.0), ("format_soft", 0.5)]  # the source's own first: it is primary
+    assert mixed.entries("other") == [("format_soft", 0.5)]
+    result = mixed("\\boxed{4}", row)
+    assert result.acc == 1.0 and result.score == 1.0 + 0.5 * get_reward("format_soft")("\\boxed{4}").score
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        RewardRouter(["gsm8k=nope"])
+    with pytest.raises(ValueError, match="weight 'x' is not a number"):
+        RewardRouter(["math:x"])
+    with pytest.raises(ValueError, match=r"data source\(s\) \['countdown'\] have no reward"):
+        RewardRouter(["gsm8k=math"]).check(["gsm8k", "countdown"])
+    code = {"data_source": "mbpp", "ground_truth": json.dumps(["assert add(1, 2) == 3"]), "extra_info": {"task": "code"}}
+    program = "```python\ndef add(a, b):\n    return a + b\n```"
+    results = RewardRouter(["auto"]).score(["\\boxed{4}", program, "\\boxed{5}", "<answer>2+3</answer>"],
+                                           [row, code, row, countdown], workers=4)  # the code row runs in a thread
+    assert [r.score for r in results] == [1.0, 1.0, 0.0, 1.0]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from dare.algos.core import clipped_token_loss, group_advantages, kl_estimate, token_mean
-from dare.likelihood import corrupt_mean_field, estimator, mean_field_logp, rollout_attention
+from dare.algos import get_algorithm
+from dare.likelihood import MeanField, estimator, rollout_attention
 from dare.models import Family, tiny
 
 FAMILIES = ("llada", "dream", "sdar", "sdar_moe", "llada2")
@@ -66,6 +67,7 @@ def test_token_mean_is_invariant_to_micro_batch_partition():
 
 
 def rollout(family_name, seed=0):
+    """A batch as the trainer builds it: left-padded prompts, completions (row 2 stopped early)."""
     model, tok = tiny(family_name)
     fam = Family.from_pretrained(model.config, tok)
     g = torch.Generator().manual_seed(seed)
@@ -76,17 +78,19 @@ def rollout(family_name, seed=0):
     completion = torch.randint(20, len(tok), (4, 12), generator=g)
     completion_mask = torch.ones_like(completion)
     completion_mask[2, 7:] = 0  # stopped early
-    return model, fam, prompt, prompt_mask, completion, completion_mask
+    batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+             "completion_mask": completion_mask, "loss_mask": completion_mask}
+    return model, fam, batch
 
 
 def test_mean_field_mask_statistics():
-    model, fam, prompt, prompt_mask, completion, completion_mask = rollout("llada")
-    g = torch.Generator().manual_seed(1)
-    draws = torch.stack([corrupt_mean_field(fam, prompt, prompt_mask, completion, 0.15, g) for _ in range(3000)])
+    model, fam, batch = rollout("llada")
+    g, est = torch.Generator().manual_seed(1), MeanField(0.15)
+    draws = torch.stack([est.corrupt(fam, batch, g)["noisy"] for _ in range(3000)])
     masked = draws == fam.mask_id
     assert masked[:, :, 10:].all()  # every completion position
     assert not masked[:, 1, :3].any()  # prompt padding never
-    rate = masked[:, :, :10][:, prompt_mask.bool()].double().mean()
+    rate = masked[:, :, :10][:, batch["prompt_mask"].bool()].double().mean()
     assert abs(rate - 0.15) < 0.005
 
 
@@ -94,52 +98,78 @@ def test_mean_field_mask_statistics():
 def test_d1_first_pass_ratio_is_one_and_gradient_is_reinforce(family_name):
     """mu = 1, shared mask: r = 1 exactly, loss = -mean(A) over loss tokens, and the gradient equals the REINFORCE
     gradient -(1/sum m) sum m A grad(logp)."""
-    model, fam, prompt, prompt_mask, completion, completion_mask = rollout(family_name)
+    model, fam, batch = rollout(family_name)
     model = model.double().train()
-    corrupt_fn, score = estimator("mean_field")
-    noisy = corrupt_fn(fam, prompt, prompt_mask, completion, 0.15, torch.Generator().manual_seed(3))
-    adv = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=torch.float64)
+    d1 = get_algorithm("d1")().validate(fam)
+    noise = d1.corrupt(fam, batch, torch.Generator().manual_seed(3))
+    batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=torch.float64)
     with torch.no_grad():
-        old = score(model, fam, prompt, prompt_mask, completion, completion_mask, noisy)
-    logp = score(model, fam, prompt, prompt_mask, completion, completion_mask, noisy)
-    assert torch.equal(logp.detach(), old)
-    per_token, engaged = clipped_token_loss(logp, old, adv)
-    loss = token_mean(per_token, completion_mask)
-    assert not engaged.any()
-    expected_value = -(adv[:, None] * completion_mask).sum() / completion_mask.sum()
-    assert torch.allclose(loss.detach(), expected_value)
-    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], retain_graph=True)
-    reinforce = -(adv[:, None] * logp * completion_mask).sum() / completion_mask.sum()
-    ref = torch.autograd.grad(reinforce, [p for p in model.parameters() if p.requires_grad])
+        old = d1.score(model, fam, batch, noise).logp
+    estimate = d1.score(model, fam, batch, noise)
+    assert torch.equal(estimate.logp.detach(), old)
+    mask = batch["completion_mask"]
+    loss, stats = d1.loss(estimate, batch, old, None, mask.sum())
+    assert stats["clip_fraction"][0] == 0 and stats["ratio"][0] == mask.sum()  # nothing clipped, r = 1 everywhere
+    adv = batch["advantages"]
+    assert torch.allclose(loss.detach(), -(adv[:, None] * mask).sum() / mask.sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, retain_graph=True)
+    reinforce = -(adv[:, None] * estimate.logp * mask).sum() / mask.sum()
+    ref = torch.autograd.grad(reinforce, params)
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, ref))
     assert any(a.abs().sum() > 0 for a in grads)
 
 
 def test_identical_rewards_give_zero_loss_and_gradient():
-    model, fam, prompt, prompt_mask, completion, completion_mask = rollout("dream")
+    model, fam, batch = rollout("dream")
     model = model.double()
-    noisy = corrupt_mean_field(fam, prompt, prompt_mask, completion, 0.15, torch.Generator().manual_seed(0))
-    adv = group_advantages(torch.full((4,), 0.7, dtype=torch.float64), 4)
-    logp = mean_field_logp(model, fam, prompt, prompt_mask, completion, completion_mask, noisy)
-    loss = token_mean(clipped_token_loss(logp, logp.detach(), adv)[0], completion_mask)
+    d1 = get_algorithm("d1")()
+    batch["advantages"] = d1.advantages(torch.full((4,), 0.7, dtype=torch.float64), 4)
+    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0)))
+    loss, _ = d1.loss(estimate, batch, estimate.logp.detach(), None, batch["loss_mask"].sum())
     loss.backward()
     assert loss.item() == 0.0 and all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_kl_term_is_zero_against_itself_and_positive_after_a_change():
+    model, fam, batch = rollout("llada")
+    d1 = get_algorithm("d1")(beta=0.5)
+    batch["advantages"] = torch.zeros(4)
+    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0)))
+    logp = estimate.logp.detach()
+    loss, stats = d1.loss(estimate, batch, logp, logp, batch["loss_mask"].sum())
+    assert loss.item() == 0.0 and stats["kl"][0] == 0.0
+    loss, stats = d1.loss(estimate, batch, logp, logp + 0.3, batch["loss_mask"].sum())
+    assert loss.item() > 0 and stats["kl"][0] > 0
 
 
 def test_mean_field_uses_the_family_layout():
     """Block families score a completion block given the CLEAN earlier completion (doubled layout); bidirectional
     families see an all-mask completion, so their scores do not depend on the other completion tokens."""
     for name, depends in (("llada", False), ("sdar", True)):
-        model, fam, prompt, prompt_mask, completion, completion_mask = rollout(name)
-        completion_mask = torch.ones_like(completion_mask)
-        noisy = corrupt_mean_field(fam, prompt, prompt_mask, completion, 0.0)
+        model, fam, batch = rollout(name)
+        batch["completion_mask"] = torch.ones_like(batch["completion_mask"])
+        est = MeanField(0.0)
+        noise = est.corrupt(fam, batch)
         with torch.no_grad():
-            a = mean_field_logp(model, fam, prompt, prompt_mask, completion, completion_mask, noisy)
-            changed = completion.clone()
+            a = est.score(model, fam, batch, noise).logp
+            changed = batch["completion_ids"].clone()
             changed[:, 0] = (changed[:, 0] + 1) % 500 + 20
-            b = mean_field_logp(model, fam, prompt, prompt_mask, changed, completion_mask, noisy)
+            b = est.score(model, fam, {**batch, "completion_ids": changed}, noise).logp
         later = (a[:, 8:] - b[:, 8:]).abs().max()
         assert (later > 1e-6) == depends, name
-    assert rollout_attention(fam, prompt_mask, completion_mask).shape == (4, 22)
+    assert rollout_attention(fam, batch["prompt_mask"], batch["completion_mask"]).shape == (4, 22)
     with pytest.raises(ValueError, match="Unknown likelihood estimator"):
         estimator("nope")
+
+
+def test_algorithm_registry_and_knob_checks():
+    from dare.algos import known
+    assert "d1" in known()
+    with pytest.raises(ValueError, match="Unknown algorithm 'nope'; registered: .*d1"):
+        get_algorithm("nope")
+    fam = rollout("llada")[1]
+    for bad in ({"advantage": "mean"}, {"loss_mask": "eos"}, {"kl": "k4"}, {"num_iterations": 0},
+                {"p_prompt": 1.0}, {"dual_clip": 0.5}):
+        with pytest.raises(ValueError):
+            get_algorithm("d1")(**bad).validate(fam)

@@ -19,8 +19,8 @@ def evaluate(expression: str) -> float:
 def test_deterministic_and_splits_differ(name):
     assert make_task(name, 20, seed=3) == make_task(name, 20, seed=3)
     train, test = make_task(name, 50, 0, "train"), make_task(name, 50, 0, "test")
-    questions = {r["prompt"][0]["content"] for r in train}
-    assert sum(r["prompt"][0]["content"] in questions for r in test) < 10  # streams differ (a few collide by chance)
+    same = sum(a["prompt"] == b["prompt"] for a, b in zip(train, test))
+    assert same < 5  # the streams differ (a row may coincide by chance: single-digit sums have 100 questions)
     assert {r["extra_info"]["split"] for r in test} == {"test"}
 
 

@@ -10,6 +10,7 @@ import torch
 
 import train_sft
 from dare.models import load_pretrained, tiny
+from dare.models.lora import apply_lora
 from dare.trainers import COMPLETE, latest_complete_checkpoint
 
 
@@ -77,7 +78,7 @@ def test_incomplete_checkpoints_are_never_resumed(tmp_path):
 def test_lora_trains_adapters_and_exports_merged(arithmetic, tmp_path):
     args = args_for(arithmetic, tmp_path, model="tiny:sdar", max_steps=10)
     args.lora.rank, args.lora.alpha = 4, 8
-    model, _, _ = train_sft.build_model(args)
+    model = apply_lora(tiny("sdar")[0], args.lora)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     train_sft.main(args)

@@ -1,1 +1,39 @@
-"""RL algorithms, one file each (registered by name); ``core.py`` holds what they share."""
+"""RL algorithms, one file each, registered by name with ``@register("name")``.
+
+``base.Algorithm`` is plain GRPO on a per-token likelihood estimate; an algorithm file subclasses it and changes
+only what differs (estimator, advantage, loss, what the rollout records, defaults). Every module in this package is
+imported on first lookup, so adding an algorithm is one new file here and one recipe — no edit elsewhere.
+"""
+
+import importlib
+import pkgutil
+
+ALGORITHMS: dict[str, type] = {}
+
+
+def register(name: str):
+    def add(cls):
+        if name in ALGORITHMS and ALGORITHMS[name] is not cls:
+            raise ValueError(f"algorithm {name!r} is already registered")
+        cls.name = name
+        ALGORITHMS[name] = cls
+        return cls
+
+    return add
+
+
+def _import_all():
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def known() -> list[str]:
+    _import_all()
+    return sorted(ALGORITHMS)
+
+
+def get_algorithm(name: str) -> type:
+    """The algorithm class registered as ``name`` (a dataclass of its knobs)."""
+    if name not in known():
+        raise ValueError(f"Unknown algorithm {name!r}; registered: {', '.join(known())}")
+    return ALGORITHMS[name]

@@ -28,7 +28,7 @@ class SFTDataConfig:
     limit: int | None = None  # use only the first N rows
 
 
-def _messages(prompt, system_prompt):
+def as_messages(prompt, system_prompt):
     if isinstance(prompt, str):
         return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
             [{"role": "user", "content": prompt}]
@@ -44,7 +44,7 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
     response = get_field(row, config.response_key)
     if not isinstance(response, str):
         raise ValueError(f"Column {config.response_key!r} must hold text, got {type(response).__name__}")
-    prompt_ids = tokenizer.apply_chat_template(_messages(prompt, config.system_prompt), add_generation_prompt=True,
+    prompt_ids = tokenizer.apply_chat_template(as_messages(prompt, config.system_prompt), add_generation_prompt=True,
                                                tokenize=True, return_dict=True)["input_ids"]
     turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + turn_end + [family.eos_id]

@@ -20,11 +20,19 @@ def _row(source, index, split, question, truth, solution, **extra):
 
 
 def arithmetic(rng: random.Random, index: int, split: str) -> dict:
-    """Two-term sums and differences of small numbers; the answer goes in \\boxed{}."""
+    """Two-term sums and differences of numbers in [0, 20]; the answer goes in \\boxed{}."""
     a, b, op = rng.randint(0, 20), rng.randint(0, 20), rng.choice("+-")
     value = a + b if op == "+" else a - b
     return _row("arithmetic", index, split, f"What is {a} {op} {b}? Put the final answer in \\boxed{{}}.",
                 str(value), f"{a} {op} {b} = {value}. The answer is \\boxed{{{value}}}.")
+
+
+def addition(rng: random.Random, index: int, split: str) -> dict:
+    """Single-digit sums answered directly (no worked line): short completions, learnable by the tiny models of
+    the tests and the quickstart."""
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    return _row("addition", index, split, f"What is {a} + {b}? Put the final answer in \\boxed{{}}.",
+                str(a + b), f"The answer is \\boxed{{{a + b}}}.")
 
 
 def countdown(rng: random.Random, index: int, split: str, size: int = 3) -> dict:
@@ -67,7 +75,7 @@ def sudoku(rng: random.Random, index: int, split: str, empty: int = 6) -> dict:
                 puzzle=puzzle)
 
 
-TASKS = {"arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku}
+TASKS = {"addition": addition, "arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku}
 
 
 def make_task(name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:

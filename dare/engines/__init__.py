@@ -5,6 +5,6 @@ comes later.
 """
 
 from .base import Rollout
-from .hf import HFEngine
+from .hf import HFEngine, encode
 
-__all__ = ["HFEngine", "Rollout"]
+__all__ = ["HFEngine", "Rollout", "encode"]

@@ -11,21 +11,25 @@ from ..sampling.primitives import after_first
 from .base import Rollout
 
 
+def encode(tokenizer, prompts: list) -> list[list[int]]:
+    """Chats (lists of messages) go through the chat template; strings are used as they are."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(tokenizer(p, add_special_tokens=False)["input_ids"])
+        else:
+            out.append(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"])
+    return out
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
         self.model, self.tokenizer, self.family = model, tokenizer, family
         self.max_batch_size = max_batch_size
 
     def encode(self, prompts: list) -> list[list[int]]:
-        """Chats (lists of messages) go through the chat template; strings are used as they are."""
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                out.append(self.tokenizer(p, add_special_tokens=False)["input_ids"])
-            else:
-                out.append(self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                              return_dict=True)["input_ids"])
-        return out
+        return encode(self.tokenizer, prompts)
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None) -> Rollout:

@@ -71,8 +71,9 @@ class Family:
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-               cache=None, key_position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``.
+               cache=None, key_position_ids: torch.Tensor | None = None, keep: int | None = None) -> torch.Tensor:
+        """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids`` (``keep=k``: only the
+        last k positions, ``[B, k, V]``, without materialising the others).
 
         * plain layout (``clean_ids=None``): the model's own attention (bidirectional, or block-causal for block
           families), with a padding mask and an optional cache. For a shifted family (Dream) position 0 of the
@@ -84,17 +85,26 @@ class Family:
         if clean_ids is None:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
-            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        cache=cache, key_position_ids=key_position_ids).logits
-            return torch.cat([out[:, :1], out[:, :-1]], dim=1) if self.shift else out
+            width = input_ids.shape[1]
+            if keep is not None and not 0 < keep <= width:
+                raise ValueError(f"keep must be in [1, {width}], got {keep}")
+            extra = int(self.shift and keep is not None and keep < width)  # the shifted row reads one position back
+            only = {} if keep is None else {"logits_to_keep": keep + extra}
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                        key_position_ids=key_position_ids, **only).logits
+            if not self.shift:
+                return out
+            return out[:, :-1] if extra else torch.cat([out[:, :1], out[:, :-1]], dim=1)
         if self.block_size is None:
             raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
         if cache is not None or position_ids is not None:
             raise ValueError("The [x_t ‖ x_0] layout derives its own positions and takes no cache.")
         ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size)
         dtype = next(model.parameters()).dtype
-        out = model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos).logits
-        return out[:, : input_ids.shape[1]]
+        width = input_ids.shape[1]
+        rows = torch.arange(width - (keep or width), width, device=ids.device)  # inside the noisy half
+        return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
+                     logits_to_keep=rows).logits
 
     def _check_whole_blocks(self, cache, attention_mask, length):
         """Rows that feed real tokens must have whole blocks cached (rows feeding only padding are done)."""

@@ -25,3 +25,28 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
     steps = [(int(m.group(1)), p) for p in Path(output_dir).iterdir()
              if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / COMPLETE).exists()]
     return str(max(steps)[1]) if steps else None
+
+
+class CompleteCheckpoints:
+    """Trainer mixin: mark every checkpoint complete once all ranks have written it."""
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            mark_complete(os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"))
+
+
+def fit(trainer, resume: bool = False, merged_dir: str | None = None):
+    """Train (with ``resume``: from the newest complete checkpoint), save the final model to ``output_dir`` and,
+    for a LoRA model with ``merged_dir``, a merged plain-HF copy there."""
+    output_dir = trainer.args.output_dir
+    checkpoint = latest_complete_checkpoint(output_dir) if resume else None
+    if resume and checkpoint is None:
+        print(f"--resume: no complete checkpoint in {output_dir}; starting from scratch")
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(output_dir)
+    if merged_dir:
+        from ..models.lora import export_merged
+        export_merged(trainer, trainer.processing_class, merged_dir)
+    return trainer

@@ -2,15 +2,13 @@
 gradient checkpointing, ``report_to``, DDP/FSDP/DeepSpeed through Accelerate) with the family's masked-diffusion
 SFT loss from ``dare.objectives``; only ``compute_loss`` and checkpoint completion are ours."""
 
-import os
-
 from transformers import Trainer
 
 from ..objectives import sft_loss
-from .checkpoints import mark_complete
+from .checkpoints import CompleteCheckpoints
 
 
-class DiffusionSFTTrainer(Trainer):
+class DiffusionSFTTrainer(CompleteCheckpoints, Trainer):
     def __init__(self, *args, family, **kwargs):
         super().__init__(*args, **kwargs)
         self.family = family
@@ -27,9 +25,3 @@ class DiffusionSFTTrainer(Trainer):
         if "loss" in logs and hasattr(self, "_masked_fraction"):
             logs["masked_fraction"] = round(self._masked_fraction, 4)
         super().log(logs, *args, **kwargs)
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            mark_complete(os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"))

@@ -1,0 +1,97 @@
+"""One RL step (d1) on tiny families, split into rollout / reward / train seconds, with rollout tokens/s, for the hf
+engine's decoding variants: no cache and one token per step (the plain baseline), KV cache (Fast-dLLM prefix or
+dual cache for masked families, the block cache for block families), and cache + parallel decoding (4 tokens per
+step; or a confidence threshold).
+
+    python bench/bench_rl.py                                  # llada + sdar, 8 prompts x 8 completions, 64 tokens
+    python bench/bench_rl.py --families llada dream sdar llada2 --gen-length 128 --hidden 256
+    python bench/bench_rl.py --model outputs/quickstart/sft   # a trained model (thresholds then commit in parallel)
+
+Each (family, variant) trains ``--warmup + --steps`` steps of train_rl.py in a forked child on generated
+arithmetic prompts (the math reward); the table shows medians over the timed steps. ``step s`` = rollout + reward
++ old-log-prob pass + train (forward/backward of every micro-batch); the optimiser step is inside ``train s``.
+Random tiny models are never confident, so threshold decoding commits one token per step there (use ``--model``).
+"""
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from _common import hidden_override, in_child
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train_rl.py lives in the repository root
+import train_rl  # noqa: E402
+from dare.data.tasks import write_task
+from dare.models import save_tiny
+
+VARIANTS = {  # name -> (cache for masked families, cache for block families, tokens per step, threshold)
+    "plain": ("none", "none", 1, None),
+    "cache": ("prefix", "block", 1, None),
+    "dual cache": ("dual", None, 1, None),
+    "cache + 4 tok/step": ("prefix", "block", 4, None),
+    "cache + threshold 0.9": ("prefix", "block", 1, 0.9),
+}
+KEYS = ("time/rollout", "time/reward", "time/old_ref_logp", "time/train", "rollout/tokens_per_s", "rollout/nfe")
+
+
+def run(args, model, block, variant, data, queue):
+    torch.set_num_threads(args.threads)
+    masked_cache, block_cache, per_step, threshold = VARIANTS[variant]
+    with tempfile.TemporaryDirectory() as out:
+        a = train_rl.args_class("d1")(model=model, output_dir=out, max_steps=args.warmup + args.steps,
+                                      prompts_per_step=args.prompts, num_generations=args.generations,
+                                      micro_batch_size=args.micro_batch, save_steps=10 ** 6, learning_rate=1e-5,
+                                      logging_steps=1, log_completions=0, rollout_batch_size=args.prompts * args.generations)
+        a.data.path = data
+        a.rollout.gen_length, a.rollout.temperature = args.gen_length, 1.0
+        a.rollout.cache = block_cache if block else masked_cache
+        a.rollout.block_length = None if block else min(32, args.gen_length)
+        a.rollout.steps = (args.gen_length if not block else block) // per_step
+        a.rollout.threshold = threshold
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            logs = [h for h in train_rl.main(a).state.log_history if "loss" in h][args.warmup:]
+    queue.put({k: statistics.median(float(h[k]) for h in logs) for k in KEYS})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", nargs="+", default=["llada", "sdar"])
+    p.add_argument("--model", default=None, help="a model folder instead of the tiny random families")
+    p.add_argument("--hidden", type=int, default=0, help="wider tiny models (0: the preset width)")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_task("arithmetic", f"{tmp}/train.jsonl", 256)
+        models = {args.model: args.model} if args.model else {
+            f: save_tiny(f, f"{tmp}/{f}", **hidden_override(f, args.hidden)) for f in args.families}
+        print(f"d1 step: {args.prompts} prompts x {args.generations} completions, {args.gen_length} tokens, "
+              f"micro-batch {args.micro_batch}, median of {args.steps} steps, {args.threads} thread(s)\n")
+        print(f"| model | decoding | rollout s | reward s | old logp s | train s | step s | rollout tok/s | NFE |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, model in models.items():
+            from dare.models import load_pretrained
+            block = load_pretrained(model)[2].block_size
+            for variant, (masked_cache, block_cache, _, _) in VARIANTS.items():
+                if (block_cache if block else masked_cache) is None:
+                    continue
+                r = in_child(run, args, model, block, variant, data)
+                step = r["time/rollout"] + r["time/reward"] + r["time/old_ref_logp"] + r["time/train"]
+                print(f"| {name} | {variant} | {r['time/rollout']:.3f} | {r['time/reward']:.3f} | "
+                      f"{r['time/old_ref_logp']:.3f} | {r['time/train']:.3f} | {step:.3f} | "
+                      f"{r['rollout/tokens_per_s']:.0f} | {r['rollout/nfe']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""RL prompts in the reference parquet schema (``prompt`` chat messages, ``reward_model.ground_truth``,
+``data_source``, ``extra_info``) or any file / hub dataset whose columns the config names.
+
+Every row becomes ``{"prompt": messages, "ground_truth": str, "data_source": str, "extra_info": dict}``; a row
+without a ground truth is an error that names the row and the column.
+"""
+
+from dataclasses import dataclass
+
+from .loading import get_field, load_rows
+from .sft import as_messages
+
+
+@dataclass
+class RLDataConfig:
+    path: str = "../shared/data/rl/train/gsm8k_1.parquet"  # parquet/jsonl/json file or folder, or hub name; a,b = both
+    split: str = "train"  # hub datasets only
+    eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
+    eval_split: str = "test"
+    prompt_key: str = "prompt"  # text or a list of chat messages; a.b = nested
+    answer_key: str = "reward_model.ground_truth"
+    source_key: str = "data_source"  # "" = every row is source "default"
+    extra_key: str = "extra_info"  # optional dict handed to the reward (numbers, puzzle, tests...)
+    system_prompt: str | None = None  # prepended as a system message to plain-text prompts
+    max_prompt_length: int = 512  # prompts longer than this (tokens, chat template applied) are dropped
+    limit: int | None = None  # use only the first N training rows
+    eval_limit: int | None = None  # use only the first N validation rows
+
+
+def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None = None) -> list[dict]:
+    """Rows of one source, or of several joined by commas (``a.parquet,b.parquet``), in order."""
+    out = []
+    for part in path.split(","):
+        out += _rows(part.strip(), split, config)
+    return out[:limit] if limit else out
+
+
+def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
+    out = []
+    for i, row in enumerate(load_rows(path, split)):
+        try:
+            truth = get_field(row, config.answer_key)
+            prompt = as_messages(get_field(row, config.prompt_key), config.system_prompt)
+            source = str(get_field(row, config.source_key)) if config.source_key else "default"
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{path}, row {i}: {e}") from None
+        if truth is None or (isinstance(truth, str) and not truth.strip()):
+            raise ValueError(f"{path}, row {i}: no ground truth in column {config.answer_key!r}; every RL prompt "
+                             "needs one for its reward")
+        extra = row.get(config.extra_key) if config.extra_key else None
+        out.append({"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra or {}})
+    return out

@@ -1,0 +1,32 @@
+"""LoRA for every family through PEFT (shared by the SFT and RL scripts)."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LoraArgs:
+    rank: int = 0  # 0 = full fine-tuning
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: str = "all-linear"  # or a comma-separated list, e.g. q_proj,v_proj
+
+
+def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
+    """``model`` wrapped with trainable adapters (unchanged when ``lora.rank`` is 0)."""
+    if lora.rank <= 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+    targets = lora.target_modules
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none",
+                                            lora_dropout=lora.dropout, target_modules=targets))
+
+
+def export_merged(trainer, tokenizer, folder: str) -> None:
+    """Write the LoRA-merged model as a plain HF folder with the official key names (main process only)."""
+    if trainer.is_world_process_zero():
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)

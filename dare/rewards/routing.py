@@ -1,0 +1,75 @@
+"""Which rewards score a row, from the recipe's list of specs:
+
+    auto                  DARE's default for the row's data source (``score_for_source``)
+    NAME  or  NAME:W      a registered reward (weight W, default 1) for every row
+    SOURCE=NAME[:W]       only for rows whose data source is SOURCE
+
+A row's score is the weighted sum of the rewards that apply to it (its source's entries first, then the general
+ones); accuracy comes from the first. ``check`` fails early for a data source that nothing scores.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+from . import RewardResult, combine, get_reward, score_for_source
+
+BLOCKING = {"code"}  # rewards that wait on a sandboxed subprocess
+
+
+def _parse(spec: str) -> tuple[str | None, str, float]:
+    source, _, rest = spec.rpartition("=")
+    name, _, weight = rest.partition(":")
+    try:
+        value = float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"reward spec {spec!r}: weight {weight!r} is not a number") from None
+    if name != "auto":
+        get_reward(name)  # unknown names fail here, with the list of known ones
+    return source or None, name, value
+
+
+class RewardRouter:
+    def __init__(self, specs: list[str]):
+        if not specs:
+            raise ValueError("no rewards given; use e.g. ['auto'] or ['math', 'format_soft:0.1']")
+        self.specs = [_parse(s) for s in specs]
+        self._cache = {}
+
+    def entries(self, source: str, task: str | None = None) -> list[tuple[str, float]]:
+        chosen = [s for s in self.specs if s[0] == source] + [s for s in self.specs if s[0] is None]
+        return [(score_for_source(source, task) if name == "auto" else name, w) for _, name, w in chosen]
+
+    def check(self, sources) -> None:
+        missing = sorted(s for s in set(sources) if not self.entries(s))
+        if missing:
+            raise ValueError(f"data source(s) {missing} have no reward; add SOURCE=NAME entries or an entry for "
+                             f"every row (e.g. 'auto') to the rewards list {[self._show(s) for s in self.specs]}")
+
+    def __call__(self, completion: str, row: dict) -> RewardResult:
+        extra = row.get("extra_info") or {}
+        key = (row["data_source"], extra.get("task"))
+        if key not in self._cache:
+            entries = self.entries(*key)
+            if not entries:
+                self.check([key[0]])
+            self._cache[key] = combine(entries)
+        return self._cache[key](completion, row["ground_truth"], extra)
+
+    def score(self, completions: list[str], rows: list[dict], workers: int = 8) -> list[RewardResult]:
+        """Score many completions. Rows whose rewards wait on subprocesses (code) run in ``workers`` threads; the
+        rest run in the calling thread, where math_verify's timeouts work (they need the main thread's signals)."""
+        blocking = [i for i, r in enumerate(rows)
+                    if any(name in BLOCKING for name, _ in self.entries(r["data_source"], (r.get("extra_info") or {}).get("task")))]
+        results = [None] * len(rows)
+        if blocking:
+            with ThreadPoolExecutor(max(1, workers)) as pool:
+                for i, result in zip(blocking, pool.map(lambda i: self(completions[i], rows[i]), blocking)):
+                    results[i] = result
+        for i, row in enumerate(rows):
+            if results[i] is None:
+                results[i] = self(completions[i], row)
+        return results
+
+    @staticmethod
+    def _show(spec):
+        source, name, weight = spec
+        return f"{source + '=' if source else ''}{name}{'' if weight == 1.0 else f':{weight:g}'}"

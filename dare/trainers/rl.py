@@ -1,0 +1,279 @@
+"""The GRPO-family trainer: transformers' ``Trainer`` in TRL's style, delegating every per-algorithm choice to a
+``dare.algos`` algorithm.
+
+Why not subclass trl's GRPOTrainer: its generation, log-prob and loss paths are autoregressive throughout (causal
+shift, vLLM, per-token logps from one causal forward), so a diffusion version would override nearly all of it.
+We keep what makes TRL's loop right instead: the dataloader repeats each step's prompts once per micro-batch of
+every inner iteration; the first micro-batch of a cycle rolls out, scores and buffers the whole batch (noise, old
+and reference log-probs included); the rest train from the buffer. Trainer provides accumulation, clipping,
+schedulers, mixed precision, DDP/FSDP/DeepSpeed, logging, ``report_to`` and checkpoints.
+
+One cycle = ``num_iterations`` optimiser steps on one rollout batch. The loss of each micro-batch is divided by
+the normaliser of the whole rollout batch (all ranks), so it does not depend on how the batch is split. Rollout
+and noise seeds derive from (seed, rollout index, inner iteration, rank), so a resumed run replays exactly.
+"""
+
+import copy
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from accelerate.utils import gather_object
+from torch.utils.data import Sampler
+from transformers import Trainer
+from trl.models.utils import unwrap_model_for_generation
+
+from ..engines import HFEngine
+from .checkpoints import CompleteCheckpoints
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
+
+
+class RepeatSampler(Sampler):
+    """Prompt indices shuffled per epoch, cut into steps of ``prompts_per_step`` (all ranks together), each step's
+    block yielded ``repeat`` times in a row (one per micro-batch of each inner iteration)."""
+
+    def __init__(self, size: int, prompts_per_step: int, repeat: int, seed: int):
+        if size < prompts_per_step:
+            raise ValueError(f"{size} training prompts cannot fill one step of {prompts_per_step} prompts")
+        self.size, self.prompts_per_step, self.repeat, self.seed, self.epoch = size, prompts_per_step, repeat, seed, 0
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        for start in range(0, self.size - self.prompts_per_step + 1, self.prompts_per_step):
+            for _ in range(self.repeat):
+                yield from order[start:start + self.prompts_per_step]
+
+    def __len__(self):
+        return self.size // self.prompts_per_step * self.prompts_per_step * self.repeat
+
+
+class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
+    """``per_device_train_batch_size`` = prompts per rank per step; ``gradient_accumulation_steps`` = micro-batches
+    the ``prompts x num_generations`` completions are split into."""
+
+    def __init__(self, model, args, *, algorithm, family, processing_class, train_rows: list[dict], rewards,
+                 sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
+                 rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0):
+        super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
+                         data_collator=lambda rows: rows, processing_class=processing_class)
+        self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
+        self.sampling, self.eval_sampling = algorithm.sampling(sampling), eval_sampling
+        self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
+        self.reward_workers, self.log_completions = reward_workers, log_completions
+        completions, ga = args.per_device_train_batch_size * num_generations, args.gradient_accumulation_steps
+        if completions % ga:
+            raise ValueError(f"{completions} completions per rank do not split into {ga} equal micro-batches")
+        if args.save_strategy == "steps" and args.save_steps % algorithm.num_iterations:
+            raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations "
+                             f"({algorithm.num_iterations}): a checkpoint inside a cycle could not resume exactly")
+        rewards.check({r["data_source"] for r in train_rows + (eval_rows or [])})
+        self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
+        self.ref_model = self._frozen_reference() if algorithm.beta and not hasattr(model, "disable_adapter") else None
+        self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
+
+    # -- data ---------------------------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        repeat = self.args.gradient_accumulation_steps * self.algorithm.num_iterations
+        return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.args.world_size,
+                             repeat, self.args.seed)
+
+    def _micro_batch(self, rows):
+        """The buffered micro-batch for this call; the first call of a cycle rolls out the whole batch."""
+        micro = self._micro % self.args.gradient_accumulation_steps
+        self._micro += 1
+        iteration = self.state.global_step % self.algorithm.num_iterations
+        if micro == 0 and iteration == 0:
+            self._buffer = self._rollout_batch(rows)
+        return {"batch": self._buffer[micro], "iteration": iteration}
+
+    def _prepare_inputs(self, inputs):
+        return inputs  # already on the device (built by _rollout_batch)
+
+    def floating_point_ops(self, inputs):
+        return 0
+
+    # -- one rollout batch --------------------------------------------------------------------------------------
+    def _rollout_batch(self, rows: list[dict]) -> list[dict]:
+        algo, family, G = self.algorithm, self.family, self.num_generations
+        index = self.state.global_step // algo.num_iterations
+        start = time.perf_counter()
+        with self._policy() as policy, self.compute_loss_context_manager():
+            engine = HFEngine(policy, self.processing_class, family, self.rollout_batch_size)
+            rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling, self._seed("rollout", index))
+        rolled = time.perf_counter()
+        expanded = [r for r in rows for _ in range(G)]
+        results = self.rewards.score(rollout.texts, expanded, self.reward_workers)
+        scored = time.perf_counter()
+        device = rollout.completion_ids.device
+        scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
+        batch = {"prompt_ids": rollout.prompt_ids, "prompt_mask": rollout.prompt_mask,
+                 "completion_ids": rollout.completion_ids, "completion_mask": rollout.completion_mask,
+                 "loss_mask": algo.loss_mask_for(family, rollout), "advantages": algo.advantages(scores, G)}
+        total = self.accelerator.reduce(algo.normaliser(batch).float().reshape(1), "sum")
+        self._normaliser = total[0] / self.accelerator.num_processes  # DDP averages gradients over ranks
+        parts = self._split(batch)
+        for slot in range(algo.num_iterations if algo.resample_noise else 1):
+            generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
+            # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
+            for part, noise in zip(parts, self._split(algo.corrupt(family, batch, generator))):
+                part.setdefault("noise", []).append(noise)
+        if algo.num_iterations > 1 or algo.beta:
+            self._score_old_and_reference(parts)
+        self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
+                             time.perf_counter() - scored)
+        return parts
+
+    @torch.no_grad()
+    def _score_old_and_reference(self, parts: list[dict]):
+        """Log-likelihoods under the rollout policy (the "old" policy of every inner iteration) and the reference,
+        on the same noise and micro-batches the gradient passes will use."""
+        algo, family = self.algorithm, self.family
+        with self._policy() as policy, self.compute_loss_context_manager():
+            for part in parts:
+                for noise in part["noise"]:
+                    if algo.num_iterations > 1:
+                        part.setdefault("old", []).append(algo.score(policy, family, part, noise).logp)
+                    if algo.beta:
+                        with self._reference(policy) as ref:
+                            part.setdefault("ref", []).append(algo.score(ref, family, part, noise).logp)
+
+    def _split(self, value):
+        """One piece per micro-batch, along the batch dimension (tensors, or dicts of tensors)."""
+        pieces = self.args.gradient_accumulation_steps
+        if isinstance(value, dict):
+            return [dict(zip(value, chunk)) for chunk in zip(*(self._split(v) for v in value.values()))]
+        return value.chunk(pieces)
+
+    @contextmanager
+    def _policy(self):
+        """The policy for no-grad passes: unwrapped from DDP (ZeRO-3 parameters gathered), in eval mode."""
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                yield model
+            finally:
+                model.train(was_training)
+
+    @contextmanager
+    def _reference(self, policy):
+        """The frozen reference: a LoRA policy with its adapters disabled, else the frozen copy."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with policy.disable_adapter():
+                yield policy
+
+    def _frozen_reference(self):
+        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+        if self.is_deepspeed_enabled:
+            from trl.models.utils import prepare_deepspeed
+            return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled:
+            from trl.models.utils import prepare_fsdp
+            return prepare_fsdp(ref, self.accelerator)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    def _seed(self, *parts) -> int:
+        key = repr((self.args.seed, self.accelerator.process_index) + parts).encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+    # -- loss ---------------------------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        inputs = self._micro_batch(inputs)
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._add("time/train", time.perf_counter() - start, 1 / self.args.gradient_accumulation_steps)
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        algo, batch = self.algorithm, inputs["batch"]
+        slot = inputs["iteration"] if algo.resample_noise else 0
+        estimate = algo.score(model, self.family, batch, batch["noise"][slot])
+        old = batch["old"][slot] if algo.num_iterations > 1 else estimate.logp.detach()
+        ref = batch["ref"][slot] if algo.beta else None
+        loss, stats = algo.loss(estimate, batch, old, ref, self._normaliser)
+        for name, (total, count) in stats.items():
+            self._add(name, float(total), float(count))
+        return (loss, None) if return_outputs else loss
+
+    # -- metrics ------------------------------------------------------------------------------------------------
+    def _add(self, name: str, total: float, count: float = 1.0, square: float = 0.0):
+        meter = self._meters[name]
+        meter[0] += total
+        meter[1] += square
+        meter[2] += count
+
+    def _add_samples(self, name: str, values: torch.Tensor):
+        values = values.double()
+        self._add(name, float(values.sum()), values.numel(), float((values * values).sum()))
+
+    def _record_rollout(self, rollout, rows, results, scores, rollout_s, reward_s, score_s):
+        lengths = rollout.completion_mask.sum(-1).float()
+        self._add_samples("reward", scores)
+        self._add_samples("acc", torch.tensor([r.acc for r in results]))
+        for source in sorted({r["data_source"] for r in rows}):
+            pick = [i for i, r in enumerate(rows) if r["data_source"] == source]
+            self._add_samples(f"reward/{source}", scores[pick])
+            self._add_samples(f"acc/{source}", torch.tensor([results[i].acc for i in pick]))
+        self._add_samples("completion_length", lengths)
+        stopped = torch.isin(rollout.completion_ids, torch.tensor(self.family.stop_ids, device=lengths.device))
+        self._add_samples("completion_unfinished", (~stopped.any(-1)).float())
+        for name, seconds in (("time/rollout", rollout_s), ("time/reward", reward_s), ("time/old_ref_logp", score_s)):
+            self._add(name, seconds)
+        self._add("rollout/tokens_per_s", rollout.tokens_per_second)
+        self._add("rollout/nfe", rollout.nfe)
+        if self.log_completions and self.is_world_process_zero():
+            with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a") as f:
+                for i in range(min(self.log_completions, len(rows))):
+                    f.write(json.dumps({"step": self.state.global_step, "source": rows[i]["data_source"],
+                                        "prompt": rows[i]["prompt"][-1]["content"], "completion": rollout.texts[i],
+                                        "ground_truth": rows[i]["ground_truth"], "reward": results[i].score}) + "\n")
+
+    def log(self, logs: dict, start_time=None):
+        if "loss" in logs and self.model.training:
+            merged = defaultdict(lambda: [0.0, 0.0, 0.0])
+            for meters in gather_object([dict(self._meters)]):
+                for name, values in meters.items():
+                    merged[name] = [a + b for a, b in zip(merged[name], values)]
+            self._meters.clear()
+            for name, (total, square, count) in sorted(merged.items()):
+                if count:
+                    mean = total / count
+                    logs[name] = round(mean, 6)
+                    if square:
+                        logs[f"{name}_std"] = round(max(square / count - mean * mean, 0.0) ** 0.5, 6)
+        super().log(logs, start_time)
+
+    # -- validation ---------------------------------------------------------------------------------------------
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        rows = eval_dataset or self.eval_dataset
+        mine = rows[self.accelerator.process_index::self.accelerator.num_processes]
+        start, scored = time.perf_counter(), []
+        if mine:
+            with self._policy() as policy, self.compute_loss_context_manager():
+                engine = HFEngine(policy, self.processing_class, self.family, self.rollout_batch_size)
+                rollout = engine.generate([r["prompt"] for r in mine], 1, self.eval_sampling, seed=self.args.seed)
+            results = self.rewards.score(rollout.texts, mine, self.reward_workers)
+            lengths = rollout.completion_mask.sum(-1).tolist()
+            scored = [(r["data_source"], res.score, res.acc, n) for r, res, n in zip(mine, results, lengths)]
+        scored = [s for part in gather_object([scored]) for s in part]
+        metrics = {f"{metric_key_prefix}_seconds": round(time.perf_counter() - start, 3)}
+        for source in [None, *sorted({s[0] for s in scored})]:
+            pick = [s for s in scored if source is None or s[0] == source]
+            tag = "" if source is None else f"/{source}"
+            metrics[f"{metric_key_prefix}_reward{tag}"] = sum(s[1] for s in pick) / len(pick)
+            metrics[f"{metric_key_prefix}_acc{tag}"] = sum(s[2] for s in pick) / len(pick)
+        metrics[f"{metric_key_prefix}_completion_length"] = sum(s[3] for s in scored) / len(scored)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics

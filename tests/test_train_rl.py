@@ -1,0 +1,166 @@
+"""train_rl.py end to end on tiny models: every family, metrics, checkpoints and exact resume, inner iterations,
+the KL reference (frozen copy and LoRA-disabled base), micro-batch invariance, and clear errors."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_rl
+from dare.data.tasks import write_task
+from dare.models import load_pretrained
+from dare.rewards import REWARDS, RewardResult, reward
+from dare.trainers import COMPLETE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+if "test_length" not in REWARDS:
+    @reward("test_length")
+    def _length_reward(completion, ground_truth, extra_info=None):
+        """Varies across random completions, so a random tiny model gets non-zero advantages and gradients."""
+        score = (len(completion) % 7) / 6
+        return RewardResult(score, float(score > 0.5))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rl-data")
+    return (write_task("addition", str(folder / "train.jsonl"), 64, 0, "train"),
+            write_task("addition", str(folder / "test.jsonl"), 6, 0, "test"))
+
+
+def rl_args(data, out, algo="d1", **kw):
+    args = train_rl.args_class(algo)(model=kw.pop("model", "tiny:llada"), output_dir=str(out), max_steps=2,
+                                     prompts_per_step=2, num_generations=4, micro_batch_size=4, save_steps=2,
+                                     learning_rate=1e-3, rewards=["test_length"], log_completions=1)
+    args.data.path, args.data.eval_path = data
+    args.rollout.gen_length = args.validation.gen_length = 8
+    args.rollout.temperature = 1.0
+    for key, value in kw.items():
+        target = args
+        *parents, leaf = key.split("__")
+        for p in parents:
+            target = getattr(target, p)
+        setattr(target, leaf, value)
+    return args
+
+
+def history(out, step):
+    return json.loads((Path(out) / f"checkpoint-{step}" / "trainer_state.json").read_text())["log_history"]
+
+
+def weights(folder):
+    return load_pretrained(str(folder), dtype=torch.float32)[0].state_dict()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
+def test_d1_runs_on_every_family(family, data, tmp_path):
+    train_rl.main(rl_args(data, tmp_path, model=f"tiny:{family}", eval_steps=2, report_to="tensorboard"))
+    assert list(tmp_path.rglob("events.out.tfevents.*")), "tensorboard event files"
+    assert (tmp_path / "checkpoint-2" / COMPLETE).exists()
+    logs = history(tmp_path, 2)
+    train = [h for h in logs if "loss" in h]
+    assert len(train) == 2
+    for key in ("reward", "reward_std", "reward/addition", "acc", "acc/addition", "completion_length",
+                "clip_fraction", "entropy", "ratio", "time/rollout", "time/reward", "time/train",
+                "rollout/tokens_per_s", "grad_norm"):
+        assert key in train[0], key
+    assert train[0]["ratio"] == 1.0 and train[0]["clip_fraction"] == 0.0  # one inner iteration: on-policy
+    assert any(h["grad_norm"] > 0 for h in train)
+    assert any("eval_acc/addition" in h for h in logs)
+    lines = (tmp_path / "completions.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["source"] == "addition"
+    before, after = weights(f"tiny:{family}"), weights(tmp_path)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_resume_is_exact(data, tmp_path):
+    """mu = 2 (a rollout every other step): crash after step 2, resume, and land on the same weights."""
+    kw = dict(max_steps=4, algo_config__num_iterations=2)
+    train_rl.main(rl_args(data, tmp_path / "straight", **kw))
+    train_rl.main(rl_args(data, tmp_path / "resumed", **kw))
+    shutil.rmtree(tmp_path / "resumed" / "checkpoint-4")
+    (tmp_path / "resumed" / "model.safetensors").unlink()
+    train_rl.main(rl_args(data, tmp_path / "resumed", resume=True, **kw))
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    def after_resume(out):
+        return [(h["loss"], h["grad_norm"], h.get("reward")) for h in history(out, 4) if "loss" in h][2:]
+    assert after_resume(tmp_path / "straight") == after_resume(tmp_path / "resumed")
+
+
+def test_inner_iterations_start_on_policy_then_move(data, tmp_path):
+    """Old log-probs come from a separate no-grad pass at rollout time: at the first inner iteration the ratio is
+    still exactly 1; at the second (after an optimiser step) it is not, and the clip can engage."""
+    train_rl.main(rl_args(data, tmp_path, max_steps=2, learning_rate=3e-2, algo_config__num_iterations=2,
+                          algo_config__eps_low=0.01, algo_config__eps_high=0.01))
+    first, second = [h for h in history(tmp_path, 2) if "loss" in h]
+    assert first["ratio"] == 1.0 and first["clip_fraction"] == 0.0
+    assert second["ratio"] != 1.0 and second["clip_fraction"] > 0.0
+
+
+def test_loss_does_not_depend_on_the_micro_batch_split(data, tmp_path):
+    """One micro-batch of 8 or four of 2: the same gradient (SGD, so the update is the gradient)."""
+    for name, size in (("one", 8), ("four", 2)):
+        train_rl.main(rl_args(data, tmp_path / name, max_steps=1, save_steps=1, micro_batch_size=size, optim="sgd",
+                              learning_rate=1.0))
+    a, b, start = weights(tmp_path / "one"), weights(tmp_path / "four"), weights("tiny:llada")
+    assert any((a[k] - start[k]).abs().max() > 1e-4 for k in a)
+    assert all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_to_the_reference_starts_at_zero(data, tmp_path, lora):
+    """beta > 0: the reference is a frozen copy (full fine-tuning) or the LoRA-disabled base; both equal the policy
+    before the first update, so the first KL is exactly 0, and it grows once the policy moves."""
+    kw = dict(max_steps=3, save_steps=3, learning_rate=3e-2 if lora else 1e-2, algo_config__beta=0.1)
+    if lora:
+        kw.update(lora__rank=4, lora__alpha=8)
+    train_rl.main(rl_args(data, tmp_path, **kw))
+    kls = [h["kl"] for h in history(tmp_path, 3) if "loss" in h]
+    assert kls[0] == 0.0 and kls[-1] > 0.0
+    if lora:
+        assert set(weights(tmp_path / "merged")) == set(weights("tiny:llada"))
+
+
+def run_script(*flags):
+    return subprocess.run([sys.executable, "train_rl.py", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_unknown_algorithm_lists_the_registered_ones():
+    result = run_script("--algo", "nope")
+    assert result.returncode != 0 and "Unknown algorithm 'nope'; registered: " in result.stderr
+    assert "d1" in result.stderr.splitlines()[-1]
+
+
+def test_help_lists_the_algorithm_knobs():
+    result = run_script("--algo", "d1", "--help")
+    assert result.returncode == 0
+    for flag in ("--algo-config.p-prompt", "--algo-config.num-iterations", "--rollout.temperature", "--rewards"):
+        assert flag in result.stdout, flag
+
+
+def test_clear_errors_for_bad_input(data, tmp_path):
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        train_rl.main(rl_args(data, tmp_path, rewards=["nope"]))
+    with pytest.raises(ValueError, match=r"data source\(s\) \['addition'\] have no reward"):
+        train_rl.main(rl_args(data, tmp_path, rewards=["gsm8k=gsm8k"]))
+    rows = [json.loads(line) for line in Path(data[0]).read_text().splitlines()]
+    rows[3]["reward_model"]["ground_truth"] = ""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"row 3: no ground truth in column 'reward_model.ground_truth'"):
+        train_rl.main(rl_args((str(bad), None), tmp_path))
+    with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
+        train_rl.main(rl_args(data, tmp_path, micro_batch_size=3))
+    with pytest.raises(ValueError, match="must be a multiple of num_iterations"):
+        train_rl.main(rl_args(data, tmp_path, save_steps=3, algo_config__num_iterations=2))
+    with pytest.raises(ValueError, match="'question' not found"):
+        train_rl.main(rl_args(data, tmp_path, data__prompt_key="question"))
+    with pytest.raises(ValueError, match="no prompt fits data.max_prompt_length=5"):
+        train_rl.main(rl_args(data, tmp_path, data__max_prompt_length=5))

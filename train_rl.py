@@ -1,0 +1,142 @@
+"""Online RL of a diffusion LM with any algorithm of the zoo (``--algo``), on any family, under Accelerate.
+
+    accelerate launch train_rl.py --algo d1 --config recipes/llada/d1_gsm8k.yaml
+    accelerate launch --config_file accelerate_configs/zero2.yaml train_rl.py --config recipes/dream/d1_gsm8k.yaml
+    python train_rl.py --algo d1 --model tiny:sdar --max-steps 4 --prompts-per-step 2 --num-generations 4 \\
+        --rollout.gen-length 16 --output-dir outputs/rl-tiny
+    python train_rl.py --config recipes/llada/d1_gsm8k.yaml --resume   # continue from the newest complete checkpoint
+    python train_rl.py --algo d1 --help                                  # every knob, the algorithm's included
+
+Every field below is a flag; ``--config`` YAML files set the defaults. The algorithm's own knobs (clip range, inner
+iterations, KL weight, its estimator's settings) are the ``--algo-config.*`` flags / the ``algo_config:`` section.
+Metrics (rewards per data source, accuracy, clip fraction, KL, entropy, time split, rollout tokens/s) go to the
+console and to ``report_to``; sample completions to ``<output_dir>/completions.jsonl``.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainingArguments, set_seed
+
+from dare.algos import get_algorithm
+from dare.config import parse, peek
+from dare.data import RLDataConfig, prompt_rows
+from dare.engines import encode
+from dare.models import load_pretrained
+from dare.models.lora import LoraArgs, apply_lora
+from dare.rewards.routing import RewardRouter
+from dare.sampling import SamplingConfig
+from dare.trainers import fit
+from dare.trainers.rl import DiffusionRLTrainer
+
+
+@dataclass
+class Args:
+    """Online RL of a diffusion LM."""
+
+    algo: str = "d1"  # the algorithm (dare/algos/<name>.py)
+    model: str = "tiny:llada"  # hub name, local folder or tiny:<family>
+    data: RLDataConfig = field(default_factory=RLDataConfig)
+    rewards: list[str] = field(default_factory=lambda: ["auto"])  # auto | NAME[:W] | SOURCE=NAME[:W] (dare/rewards/routing.py)
+    num_generations: int = 8  # completions per prompt (the group of the group advantage)
+    prompts_per_step: int = 16  # prompts per rollout batch, all processes together
+    micro_batch_size: int = 8  # completions per forward/backward on one device
+    rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
+    validation: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256))
+    rollout_batch_size: int = 64  # completions the engine decodes together
+    reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    output_dir: str = "outputs/rl"
+    learning_rate: float = 5e-7
+    optim: str = "adamw_torch"  # any transformers optimiser name (adamw_torch, adamw_8bit, sgd, ...)
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: float = 0.0  # < 1: fraction of the training steps
+    max_steps: int = -1  # optimiser steps (a rollout every num_iterations of them); > 0 overrides num_train_epochs
+    num_train_epochs: float = 1.0
+    bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
+    dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    logging_steps: int = 1
+    save_steps: int = 20  # a multiple of the algorithm's num_iterations
+    save_total_limit: int = 3
+    eval_steps: int = 20  # validate on data.eval_path every N steps (0: never)
+    eval_on_start: bool = False  # validate once before training
+    report_to: str = "none"  # none | tensorboard | wandb
+    seed: int = 42
+    resume: bool = False  # continue from the newest complete checkpoint in output_dir
+    export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
+    log_completions: int = 2  # completions per rollout written to output_dir/completions.jsonl (0: none)
+
+
+def args_class(algo: str):
+    """``Args`` with the algorithm's knobs as the ``algo_config`` section."""
+    algorithm = get_algorithm(algo)
+    cls = dataclasses.make_dataclass("Args", [("algo_config", algorithm, field(default_factory=algorithm))],
+                                     bases=(Args,))
+    cls.__doc__ = f"Online RL of a diffusion LM with {algo}: {algorithm.__doc__}"
+    return cls
+
+
+def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> list[dict]:
+    rows = prompt_rows(path, split, args.data, limit)
+    kept = [r for r, ids in zip(rows, encode(tokenizer, [r["prompt"] for r in rows]))
+            if len(ids) <= args.data.max_prompt_length]
+    if len(kept) < len(rows):
+        print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
+              f"{args.data.max_prompt_length} tokens")
+    if not kept:
+        raise ValueError(f"{path}: no prompt fits data.max_prompt_length={args.data.max_prompt_length}")
+    return kept
+
+
+def batch_shape(args: Args, world: int) -> tuple[int, int]:
+    """(prompts per process, micro-batches per optimiser step) from the global RL batch."""
+    if args.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} processes")
+    completions = args.prompts_per_step // world * args.num_generations
+    if completions % args.micro_batch_size:
+        raise ValueError(f"{completions} completions per device are not a multiple of "
+                         f"micro_batch_size={args.micro_batch_size}")
+    return args.prompts_per_step // world, completions // args.micro_batch_size
+
+
+def main(args: Args) -> DiffusionRLTrainer:
+    set_seed(args.seed)
+    RewardRouter(args.rewards)  # unknown reward names fail before the model loads
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    train = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
+    evaluation = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split, args.data.eval_limit)
+                  if args.data.eval_path else None)
+    validate = evaluation is not None and args.eval_steps > 0
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, learning_rate=args.learning_rate, optim=args.optim, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
+        lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
+        num_train_epochs=args.num_train_epochs, bf16=args.bf16,
+        activation_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
+        save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
+        eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
+        eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
+        dataloader_pin_memory=False)
+    training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
+        args, training_args.world_size)
+    trainer = DiffusionRLTrainer(
+        model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
+        train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=args.rollout,
+        eval_sampling=args.validation, num_generations=args.num_generations,
+        rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
+        log_completions=args.log_completions)
+    merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
+    return fit(trainer, args.resume, merged)
+
+
+if __name__ == "__main__":
+    main(parse(args_class(peek("algo", default="d1"))))
