@@ -96,14 +96,14 @@ def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None
 
 
 def batch_shape(args: Args, world: int) -> tuple[int, int]:
-    """(prompts per process, micro-batches per optimiser step) from the global RL batch."""
+    """(prompts per process, micro-steps per optimiser step = micro-batches x the algorithm's streams)."""
     if args.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} processes")
     completions = args.prompts_per_step // world * args.num_generations
     if completions % args.micro_batch_size:
         raise ValueError(f"{completions} completions per device are not a multiple of "
                          f"micro_batch_size={args.micro_batch_size}")
-    return args.prompts_per_step // world, completions // args.micro_batch_size
+    return args.prompts_per_step // world, completions // args.micro_batch_size * args.algo_config.streams
 
 
 def main(args: Args) -> DiffusionRLTrainer:
@@ -126,11 +126,12 @@ def main(args: Args) -> DiffusionRLTrainer:
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
         eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
         dataloader_pin_memory=False)
+    sampling = args.algo_config.sampling(args.rollout)  # what the rollout must record (and, for some, streams)
     training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
         args, training_args.world_size)
     trainer = DiffusionRLTrainer(
         model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
-        train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=args.rollout,
+        train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,
         eval_sampling=args.validation, num_generations=args.num_generations,
         rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
         log_completions=args.log_completions)

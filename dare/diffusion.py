@@ -133,3 +133,90 @@ def sft_masks(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, leng
     if recipe.mask_pads:
         return (pos >= prompt_end).long(), torch.ones_like(pos >= prompt_end, dtype=torch.long)
     return ((pos >= prompt_end) & (pos < valid_end)).long(), (pos < valid_end).long()
+
+
+# ---------------------------------------------------------------------------- RL forward processes (dare.likelihood)
+
+def random_subset(maskable: torch.Tensor, counts: torch.Tensor, generator=None) -> torch.Tensor:
+    """Exactly ``counts[...]`` uniformly chosen positions among ``maskable`` (last dim), as a bool mask.
+    ``maskable`` ``[..., R]``, ``counts`` ``[...]`` (clamped to the number of maskable positions)."""
+    scores = _rand(maskable.shape, generator, maskable.device).masked_fill(~maskable.bool(), 2.0)
+    rank = scores.argsort(-1).argsort(-1)
+    return maskable.bool() & (rank < counts[..., None])
+
+
+def stratified_counts(lengths: torch.Tensor, k: int, generator=None) -> torch.Tensor:
+    """BGPO/VRPO mask counts ``[N, k]`` in ``1..L``, stratified over the k draws of a sequence:
+    ``x_j = (floor(o + jL/k) mod L) + 1`` with ``o ~ U[0, L)``. Every draw is marginally uniform on 1..L (the
+    reference rounds an integer offset, which skews the marginals when k does not divide L). ``L = 0`` gives 0."""
+    length = lengths.clamp(min=1).double()[:, None]
+    offset = _rand(lengths.shape, generator, lengths.device).double()[:, None] * length
+    j = torch.arange(k, device=lengths.device, dtype=torch.float64)[None]
+    x = torch.remainder(torch.floor(offset + j * length / k), length) + 1
+    return (x * (lengths[:, None] > 0)).long()
+
+
+def batch_stratified_counts(lengths: torch.Tensor, generator=None) -> torch.Tensor:
+    """ESPO mask counts ``[N]`` in ``0..L``: with one common length L, stratified across the batch,
+    ``x_b = floor(o + b (L+1) / B) mod (L+1)`` with ``o ~ U[0, L+1)``, so every row is marginally uniform on 0..L
+    (the reference rounds an integer offset: rows b with fractional ``b (L+1) / B`` then skip counts, which biases
+    their ELBO); otherwise independent ``x_b ~ U{0..L_b}``."""
+    u = _rand(lengths.shape, generator, lengths.device).double()
+    if bool((lengths == lengths[0]).all()):
+        span = int(lengths[0]) + 1
+        b = torch.arange(len(lengths), device=lengths.device, dtype=torch.float64)
+        return torch.remainder(torch.floor(u[0] * span + b * span / len(lengths)), span).long()
+    return (u * (lengths + 1)).floor().long()
+
+
+def block_random_masks(maskable: torch.Tensor, block: int, draws: int, generator=None, t_min: float = 0.0,
+                       t_max: float = 1.0) -> torch.Tensor:
+    """SPG's masks ``[N, draws, R]`` over completion positions: per draw a block b among the valid ones (distinct
+    across draws while possible); later blocks fully masked, block b gets ``n ~ U{max(floor(l t_min), 1) ..
+    min(floor(l t_max), l)}`` random masked tokens (l = its valid length), earlier blocks clean."""
+    n_rows, length = maskable.shape
+    maskable = maskable.bool()
+    blocks = torch.arange(length, device=maskable.device) // block
+    out = torch.zeros(n_rows, draws, length, dtype=torch.bool, device=maskable.device)
+    for i in range(n_rows):
+        valid_blocks = int(blocks[maskable[i]].max()) + 1 if maskable[i].any() else 0
+        if not valid_blocks:
+            continue
+        order = _rand((max(draws, valid_blocks),), generator, maskable.device).argsort() % valid_blocks
+        for d in range(draws):
+            b = int(order[d % len(order)])
+            in_block = maskable[i] & (blocks == b)
+            size = int(in_block.sum())
+            low, high = max(int(size * t_min), 1), min(int(size * t_max), size)
+            n = low + int(_rand((1,), generator, maskable.device) * (high - low + 1))
+            out[i, d] = (maskable[i] & (blocks > b)) | random_subset(in_block, torch.tensor(min(n, high)), generator)
+    return out
+
+
+def block_stratified_masks(maskable: torch.Tensor, offsets: torch.Tensor, block: int, rows: int,
+                           generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """EBPO's masks ``[N, rows, R]`` and per-token mask probabilities: blocks on the global grid (completion position
+    k of sequence i is in block ``(offsets[i] + k) // block``); the noise levels of all rows x blocks cells of a
+    sequence are stratified (``tau_c = (o + c / C) mod 1``) and block b masks ``q = min(floor(tau l_b) + 1, l_b)``
+    random tokens of its l_b valid ones, so every block has a target; ``p = q / l_b`` on its tokens."""
+    n_seq, length = maskable.shape
+    maskable = maskable.bool()
+    masks = torch.zeros(n_seq, rows, length, dtype=torch.bool, device=maskable.device)
+    p = torch.zeros(n_seq, rows, length, device=maskable.device)
+    pos = torch.arange(length, device=maskable.device)
+    for i in range(n_seq):
+        ids = (offsets[i] + pos) // block
+        present = torch.unique(ids[maskable[i]])
+        if not len(present):
+            continue
+        cells = rows * len(present)
+        tau = torch.remainder(_rand((1,), generator, maskable.device) + torch.arange(cells, device=maskable.device)
+                              / cells, 1.0).view(rows, len(present))
+        for c, b in enumerate(present.tolist()):
+            in_block = maskable[i] & (ids == b)
+            size = int(in_block.sum())
+            q = torch.clamp((tau[:, c] * size).floor() + 1, max=size).long()
+            chosen = random_subset(in_block.expand(rows, length), q, generator)
+            masks[i] |= chosen
+            p[i] += in_block * (q.float() / size)[:, None]
+    return masks, p

@@ -11,22 +11,31 @@ The contract every estimator follows (so an algorithm file only picks one and it
 ``batch`` holds ``prompt_ids``/``prompt_mask`` ``[N, P]`` (left-padded) and ``completion_ids``/``completion_mask``
 ``[N, R]`` (the rollout's mask: up to and including the first stop token).
 
-mean_field (d1 / diffu-GRPO): every completion position is masked and each real prompt token is masked
-independently with probability ``p_prompt``; ONE forward gives ``log p(y_k | masked input)`` for every completion
-token. No 1/t weighting (the completion is at t = 1), untempered logits.
+``batch["loss_mask"]`` marks the completion tokens an estimate is about (the maskable ones of the ELBO estimators).
+Estimators with several Monte-Carlo draws score one draw with ``score(..., draw=j)`` so an algorithm can stream
+them (one graph alive at a time). Untempered logits everywhere except the AR estimator (its sampler's T).
+
+mean_field  d1: completion fully masked, prompt tokens masked w.p. p_prompt; per-token log p, one forward.
+coupled     Coupled-GRPO: full-mask pass + a complementary pair (t ~ U[t_min, t_max]) weighted 1/t, 1/(1-t).
+mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]``.
+block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward; ``[N]``.
+seq_elbo    ESPO: batch-stratified counts in [0, L], complementary second half; ``E / L`` per draw ``[N, K]``.
+sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
+ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from .diffusion import corrupt
+from .diffusion import (batch_stratified_counts, block_random_masks, block_stratified_masks, corrupt,
+                        random_subset, stratified_counts)
 
 
 @dataclass
 class Estimate:
     logp: torch.Tensor  # per-token [N, R] (or per-sequence for ELBO-type estimators), differentiable
-    entropy: torch.Tensor  # [N, R], detached: entropy of the predictive distribution at each completion position
+    entropy: torch.Tensor | None = None  # [N, R], detached: entropy of the prediction at each completion position
 
 
 def rollout_attention(family, prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -36,16 +45,35 @@ def rollout_attention(family, prompt_mask: torch.Tensor, completion_mask: torch.
     return torch.cat([prompt_mask, tail], dim=1).long()
 
 
-def score_tokens(model, family, batch, noisy: torch.Tensor) -> Estimate:
-    """``log p(y_k | noisy)`` for every completion position of ``prompt ‖ completion`` given the noisy version."""
+def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float = 1.0, banned: tuple = (),
+                 positions: torch.Tensor | None = None) -> Estimate:
+    """``log p(y_k | noisy)`` for the completion positions of ``prompt ‖ completion`` (all of them, or the completion
+    indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
     attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
-    logits = family.logits(model, noisy, attention, clean_ids=clean, keep=completion.shape[1]).float()
+    keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
+    logits = family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 models: log-softmax in fp32
+    if temperature != 1.0:
+        logits = logits / temperature
+    if banned:
+        logits[..., list(banned)] = float("-inf")
     logp = logits.log_softmax(-1)
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
-    return Estimate(logp.gather(-1, completion[..., None])[..., 0], entropy)
+        entropy = -(logp.exp() * logp.masked_fill(torch.isinf(logp), 0)).sum(-1)
+    targets = completion if positions is None else completion[:, positions]
+    return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
+
+
+def _masked_input(family, batch, completion_masked: torch.Tensor) -> torch.Tensor:
+    """``prompt ‖ completion`` with the given completion positions replaced by the mask token."""
+    completion = batch["completion_ids"].masked_fill(completion_masked.bool(), family.mask_id)
+    return torch.cat([batch["prompt_ids"], completion], dim=1)
+
+
+def _maskable(batch) -> torch.Tensor:
+    return batch["loss_mask"].bool()
 
 
 @dataclass
@@ -63,7 +91,203 @@ class MeanField:
         return score_tokens(model, family, batch, noise["noisy"])
 
 
-ESTIMATORS = {"mean_field": MeanField}
+@dataclass
+class Coupled:
+    """DiffuCoder's coupled estimate: ``½ [l_full + (u < t ? l_a / t : l_b / (1 - t))]`` per token, where the
+    pair masks complementary halves of the attended completion (every token scored exactly once in the pair).
+    One ``t ~ U[t_min, t_max]`` per call (per inner iteration), a uniform ``u`` per token."""
+
+    t_min: float = 0.2
+    t_max: float = 0.8
+    p_prompt: float = 0.0
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        completion = batch["completion_ids"]
+        t = self.t_min + (self.t_max - self.t_min) * _draw((1,), generator, completion.device)
+        u = _draw(completion.shape, generator, completion.device)
+        attended = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])[:, -completion.shape[1]:]
+        noisy_prompt, _ = corrupt(batch["prompt_ids"], batch["prompt_mask"].bool(), self.p_prompt, family.mask_id,
+                                  generator)
+        return {"t": t.expand(len(completion)), "first": attended.bool() & (u < t), "noisy_prompt": noisy_prompt}
+
+    def score(self, model, family, batch, noise) -> Estimate:
+        completion = batch["completion_ids"]
+        attended = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])[:, -completion.shape[1]:]
+        first, t = noise["first"], noise["t"][:, None]
+        passes = [attended.bool(), first, attended.bool() & ~first]
+        noisy = torch.cat([torch.cat([noise["noisy_prompt"], completion.masked_fill(m, family.mask_id)], 1)
+                           for m in passes])
+        stacked = {k: torch.cat([v] * 3) for k, v in batch.items() if torch.is_tensor(v)}
+        scored = score_tokens(model, family, stacked, noisy)
+        full, a, b = scored.logp.chunk(3)
+        return Estimate(0.5 * (full + torch.where(first, a / t, b / (1 - t))), scored.entropy.chunk(3)[0])
+
+
+@dataclass
+class MCElbo:
+    """BGPO's K-sample ELBO: draw j masks ``x_j`` (stratified, 1..L) random completion tokens, ``p_j = x_j / L``;
+    ``e_j = sum_masked log p(y_k | z_j) / p_j / L``. Returns ``[N, K]`` (or ``[N, 1]`` for one draw)."""
+
+    samples: int = 16
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        maskable = _maskable(batch)
+        lengths = maskable.sum(-1)
+        counts = stratified_counts(lengths, self.samples, generator)
+        masks = random_subset(maskable[:, None].expand(-1, self.samples, -1), counts, generator)
+        return {"masks": masks, "p": counts / lengths.clamp(min=1)[:, None]}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        draws = range(self.samples) if draw is None else [draw]
+        length = _maskable(batch).sum(-1).clamp(min=1)
+        values = []
+        for j in draws:
+            masked = noise["masks"][:, j]
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            values.append((logp * masked).sum(-1) / noise["p"][:, j].clamp(min=1e-12) / length)
+        return Estimate(torch.stack(values, -1))
+
+
+@dataclass
+class BlockElbo:
+    """EBPO's composite block ELBO (block families): for each of ``samples`` rows, every block of the completion
+    (global grid) masks >= 1 token at a stratified level; one ``[x_t ‖ x_0]`` forward scores all blocks; the row's
+    value is ``sum log p / p``. Returns ``[N, rows]`` (the composite ELBO is their mean; not length-normalised)."""
+
+    samples: int = 16
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        offsets = batch["prompt_mask"].sum(-1)
+        masks, p = block_stratified_masks(_maskable(batch), offsets, family.block_size, self.samples, generator)
+        return {"masks": masks, "p": p}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        draws = range(self.samples) if draw is None else [draw]
+        values = []
+        for n in draws:
+            masked = noise["masks"][:, n]
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            values.append((logp * masked / noise["p"][:, n].clamp(min=1e-12)).sum(-1))
+        return Estimate(torch.stack(values, -1))
+
+
+@dataclass
+class SequenceElbo:
+    """ESPO's sequence ELBO per draw ``[N, K]``: x in [0, L] masked tokens (stratified across the batch),
+    ``p = x / (L+1)``, ``E = sum_masked log p / p``; with ``coupled`` the complementary positions are scored in a
+    second forward with weight ``1 / (L/(L+1) - p)`` and the halves averaged. Values are divided by L."""
+
+    samples: int = 2
+    coupled: bool = True
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        maskable = _maskable(batch)
+        lengths = maskable.sum(-1)
+        counts = torch.stack([batch_stratified_counts(lengths, generator) for _ in range(self.samples)], -1)
+        masks = random_subset(maskable[:, None].expand(-1, self.samples, -1), counts, generator)
+        return {"masks": masks, "p": counts / (lengths + 1)[:, None]}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        maskable = _maskable(batch)
+        length = maskable.sum(-1)
+        draws = range(self.samples) if draw is None else [draw]
+        values = []
+        for j in draws:
+            masked, p = noise["masks"][:, j], noise["p"][:, j]
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            value = (logp * masked).sum(-1) / p.clamp(min=1e-12)
+            if self.coupled:
+                other = maskable & ~masked
+                logp = score_tokens(model, family, batch, _masked_input(family, batch, other)).logp
+                rest = (length / (length + 1) - p).clamp(min=1e-12)
+                value = 0.5 * (value + (logp * other).sum(-1) / rest)
+            values.append(value / length.clamp(min=1))
+        return Estimate(torch.stack(values, -1))
+
+
+@dataclass
+class Sandwich:
+    """SPG's bounds per sequence ``[N, 2]``: column 0 the lower bound ``mean_j mean_{k in m_j} log p``, column 1 the
+    upper bound ``(1/beta) mean_k log mean_j [p^beta 1{k in m_j} / t_j]`` (t_j = |m_j| / L) — or, with ``mix``,
+    ``mix * upper + (1 - mix) * lower``. Masks: ``block_random_masks`` plus ``p_prompt`` Bernoulli masking of every
+    other token (prompt and the clean earlier completion)."""
+
+    samples: int = 1
+    block: int = 32
+    beta: float = 1.5
+    mix: float = 0.5  # weight of the upper bound in the value used for A <= 0 (1.0: pure upper bound)
+    p_prompt: float = 0.15
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        maskable = _maskable(batch)
+        block = family.block_size or self.block
+        region = block_random_masks(maskable, block, self.samples, generator)
+        extra = _draw(region.shape, generator, region.device) < self.p_prompt
+        noisy_prompt = [corrupt(batch["prompt_ids"], batch["prompt_mask"].bool(), self.p_prompt, family.mask_id,
+                                generator)[0] for _ in range(self.samples)]
+        return {"masks": region | (extra & maskable[:, None]), "noisy_prompt": torch.stack(noisy_prompt, 1)}
+
+    def score(self, model, family, batch, noise) -> Estimate:
+        logps = []
+        for j in range(self.samples):
+            noisy = torch.cat([noise["noisy_prompt"][:, j],
+                               batch["completion_ids"].masked_fill(noise["masks"][:, j], family.mask_id)], 1)
+            logps.append(score_tokens(model, family, batch, noisy).logp)
+        lower, upper = sandwich_bounds(torch.stack(logps, 1), noise["masks"], _maskable(batch).sum(-1), self.beta)
+        return Estimate(torch.stack([lower, self.mix * upper + (1 - self.mix) * lower], -1))
+
+
+def sandwich_bounds(logp: torch.Tensor, masks: torch.Tensor, length: torch.Tensor, beta: float):
+    """SPG's per-sequence ``(lower, upper)`` from per-draw token log-probs ``[N, J, R]`` and masks ``[N, J, R]``:
+    lower = mean_j mean_{k in m_j} log p; upper = (1/beta) mean_{k: a_k > 0} log a_k with
+    ``a_k = mean_j p_k^beta 1{k in m_j} / t_j``, ``t_j = |m_j| / L``."""
+    masks = masks.to(logp.dtype)
+    count = masks.sum(-1)
+    lower = ((logp * masks).sum(-1) / count.clamp(min=1)).mean(1)
+    t = (count / length.clamp(min=1)[:, None]).clamp(min=1e-12)
+    a = (torch.exp(beta * logp) * masks / t[..., None]).mean(1)
+    present = a > 0
+    upper = (torch.log(a.clamp(min=1e-30)) * present).sum(-1) / present.sum(-1).clamp(min=1) / beta
+    return lower, upper
+
+
+@dataclass
+class Autoregressive:
+    """JustGRPO's exact AR log-likelihood: position t is scored from ``prompt ‖ y_<t ‖ masks`` with logits / T and
+    the sampler's banned tokens; ``chunk`` positions per forward (stacked along the batch)."""
+
+    temperature: float = 1.0
+    chunk: int = 1
+    banned: tuple = ()
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        return {}
+
+    def score(self, model, family, batch, noise, positions: range | None = None) -> Estimate:
+        length = batch["completion_ids"].shape[1]
+        positions = range(length) if positions is None else positions
+        logps, entropies = [], []
+        for start in range(positions.start, positions.stop, self.chunk):
+            chunk = torch.arange(start, min(start + self.chunk, positions.stop), device=batch["completion_ids"].device)
+            later = torch.arange(length, device=chunk.device)[None] >= chunk[:, None]  # [c, R]: masked from t on
+            noisy = torch.cat([_masked_input(family, batch, later[c].expand_as(batch["completion_ids"]))
+                               for c in range(len(chunk))])
+            stacked = {k: torch.cat([v] * len(chunk)) for k, v in batch.items() if torch.is_tensor(v)}
+            est = score_tokens(model, family, stacked, noisy, self.temperature, self.banned, chunk)
+            rows = len(batch["completion_ids"])
+            pick = torch.arange(len(chunk), device=chunk.device)
+            logps.append(est.logp.view(len(chunk), rows, len(chunk))[pick, :, pick].T)
+            entropies.append(est.entropy.view(len(chunk), rows, len(chunk))[pick, :, pick].T)
+        return Estimate(torch.cat(logps, -1), torch.cat(entropies, -1))
+
+
+def _draw(shape, generator, device):
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where).to(device)
+
+
+ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
+              "seq_elbo": SequenceElbo, "sandwich": Sandwich, "ar": Autoregressive}
 
 
 def estimator(name: str, **knobs):

@@ -78,3 +78,9 @@ def test_tiny_training_command_runs_as_written(tmp_path):
 def test_tiny_rl_command_runs_as_written(tmp_path):
     out = run_readme_line("python train_rl.py --algo d1 --model tiny:", tmp_path)
     assert (out / "model.safetensors").exists() and (out / "completions.jsonl").exists()
+
+
+def test_algorithm_matrix_is_generated_from_the_registry():
+    from dare.algos import matrix
+    block = README.split("<!-- algorithm-matrix -->\n")[1].split("<!-- /algorithm-matrix -->")[0]
+    assert block == matrix(), "README's algorithm matrix is stale: paste the output of `python -m dare.algos`"

@@ -24,7 +24,8 @@ def register(name: str):
 
 def _import_all():
     for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
 
 
 def known() -> list[str]:
@@ -37,3 +38,15 @@ def get_algorithm(name: str) -> type:
     if name not in known():
         raise ValueError(f"Unknown algorithm {name!r}; registered: {', '.join(known())}")
     return ALGORITHMS[name]
+
+
+def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2")) -> str:
+    """The algorithm x family support table (markdown), from the registry: ``python -m dare.algos``."""
+    rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on |",
+            "|---|" + "---|" * (len(families) + 3)]
+    for name in known():
+        algo = ALGORITHMS[name]()
+        cells = ["yes" if algo.families is None or f in algo.families else "—" for f in families]
+        estimator = type(algo.estimator()).__name__
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {estimator} | {algo.advantage} | {algo.loss_mask} |")
+    return "\n".join(rows) + "\n"

@@ -1,9 +1,12 @@
 """The plug-in contract of an RL algorithm, with plain GRPO on a per-token likelihood estimate as its behaviour.
 
-The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> ``advantages`` -> for each inner
-iteration: ``corrupt`` (noise, stored and shared by old / reference / current policy) -> ``score`` -> ``loss``.
-An algorithm file subclasses :class:`Algorithm` and overrides only the hooks where it differs. Its dataclass
-fields are its knobs: they become ``--algo-config.*`` flags and the ``algo_config:`` section of a recipe.
+The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> ``advantages`` -> ``corrupt`` for
+each inner iteration (noise, stored and shared by the old / reference / current policy) -> old and reference
+``score`` without gradients (only when needed) -> for every micro-batch and each of its ``streams``: ``step_loss``
+-> backward. Streams split one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a
+position): memory stays that of one piece, and the sum is the unstreamed loss. An algorithm file subclasses
+:class:`Algorithm` and overrides only the hooks where it differs. Its dataclass fields are its knobs: they become
+``--algo-config.*`` flags and the ``algo_config:`` section of a recipe.
 """
 
 from dataclasses import dataclass
@@ -36,10 +39,13 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
+    why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
+    uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
 
     def validate(self, family) -> "Algorithm":
         if self.families is not None and family.name not in self.families:
-            raise ValueError(f"{self.name} does not apply to {family.name}; it supports: {', '.join(self.families)}")
+            raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
+                             f"{', '.join(self.families)}")
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
         if self.eps_low < 0 or self.eps_high < 0:
@@ -81,6 +87,19 @@ class Algorithm:
         return self.estimator().score(model, family, batch, noise)
 
     # -- objective ----------------------------------------------------------------------------------------------
+    @property
+    def streams(self) -> int:
+        """Backward passes per micro-batch (see the module docstring); a fixed number, known before the rollout."""
+        return 1
+
+    def step_loss(self, model, family, batch: dict, slot: int, stream: int, normaliser: torch.Tensor):
+        """The loss of one micro-step: micro-batch ``batch``, noise ``slot`` (inner iteration), ``stream``.
+        Old log-probs default to the detached current ones (the on-policy first pass: ratio exactly 1)."""
+        estimate = self.score(model, family, batch, batch["noise"][slot])
+        old = batch["old"][slot] if "old" in batch else estimate.logp.detach()
+        ref = batch["ref"][slot] if "ref" in batch else None
+        return self.loss(estimate, batch, old, ref, normaliser)
+
     def normaliser(self, batch: dict) -> torch.Tensor:
         """What the loss is averaged over (summed over the whole rollout batch on every rank): loss tokens."""
         return batch["loss_mask"].sum()
@@ -91,11 +110,64 @@ class Algorithm:
         mask = batch["loss_mask"]
         per_token, engaged = clipped_token_loss(estimate.logp, old_logp, batch["advantages"], self.eps_low,
                                                 self.eps_high, self.dual_clip)
-        stats = {"clip_fraction": engaged, "entropy": estimate.entropy,
-                 "ratio": torch.exp(estimate.logp.detach() - old_logp)}
+        stats = {"clip_fraction": engaged, "ratio": torch.exp(estimate.logp.detach() - old_logp)}
+        if estimate.entropy is not None:
+            stats["entropy"] = estimate.entropy
         if self.beta:
             kl = kl_estimate(estimate.logp, ref_logp, self.kl)
             per_token = per_token + self.beta * kl
             stats["kl"] = kl.detach()
         tokens = mask.sum()
         return token_mean(per_token, mask, normaliser), {k: ((v.float() * mask).sum(), tokens) for k, v in stats.items()}
+
+
+@dataclass
+class SequenceLevel(Algorithm):
+    """An algorithm whose loss is a function of one value per sequence (an ELBO averaged over Monte-Carlo draws).
+    Streamed exactly with the proxy gradient: the first stream evaluates the value of every draw without a graph
+    and takes ``g = d loss / d value``; stream j then backpropagates ``value_j . g / draws`` (the value is linear
+    in the draws). Exact when the forward is deterministic (no dropout)."""
+
+    stream: bool = True  # one draw per backward (memory of one graph); False: all draws in one graph
+
+    @property
+    def draws(self) -> int:
+        return self.estimator().samples
+
+    @property
+    def streams(self) -> int:
+        return self.draws if self.stream else 1
+
+    def normaliser(self, batch: dict) -> torch.Tensor:
+        """Sequences with at least one loss token."""
+        return (batch["loss_mask"].sum(-1) > 0).sum()
+
+    def sequence_loss(self, value, old, ref, batch) -> tuple[torch.Tensor, dict]:
+        """Per-sequence loss ``[N]`` and ``{metric: per-sequence values}``."""
+        raise NotImplementedError
+
+    def _objective(self, value, batch, slot, normaliser):
+        old = batch["old"][slot].mean(-1) if "old" in batch else value.detach()
+        ref = batch["ref"][slot].mean(-1) if "ref" in batch else None
+        per_sequence, stats = self.sequence_loss(value, old, ref, batch)
+        valid = (batch["loss_mask"].sum(-1) > 0).to(per_sequence.dtype)
+        count = valid.sum()
+        return ((per_sequence * valid).sum() / normaliser.clamp(min=1),
+                {k: ((v.detach().float() * valid).sum(), count) for k, v in stats.items()})
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser):
+        noise = batch["noise"][slot]
+        if self.streams == 1:
+            return self._objective(self.score(model, family, batch, noise).logp.mean(-1), batch, slot, normaliser)
+        if stream == 0:
+            with torch.no_grad():
+                value = self.score(model, family, batch, noise).logp.mean(-1)
+            leaf = value.detach().requires_grad_()
+            with torch.enable_grad():
+                objective, stats = self._objective(leaf, batch, slot, normaliser)
+                batch["proxy_grad"] = torch.autograd.grad(objective, leaf)[0]
+            stats["objective"] = (objective.detach() * normaliser, normaliser)
+        else:
+            stats = {}
+        draw = self.estimator().score(model, family, batch, noise, draw=stream).logp[:, 0]
+        return (draw * batch["proxy_grad"]).sum() / self.draws, stats

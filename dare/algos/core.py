@@ -3,6 +3,8 @@ clip), KL estimators and loss aggregation with a normaliser fixed before the mic
 depend on how a mini-batch is split). An algorithm file only picks among these and adds what differs.
 """
 
+import math
+
 import torch
 
 
@@ -34,8 +36,14 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
                        eps_high: float = 0.2, dual_clip: float | None = 3.0):
     """PPO surrogate per token ``[N, R]`` and where clipping engaged: ``max(-A r, -A clip(r))``, and for A < 0 at most
     ``-A c`` (verl's dual clip; None disables it). ``advantages`` is ``[N]`` (broadcast) or ``[N, R]``."""
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None] if advantages.dim() == 1 and logp.dim() == 2 else advantages
+    return clipped_ratio_loss(torch.exp(logp - old_logp), adv, eps_low, eps_high, dual_clip)
+
+
+def clipped_ratio_loss(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
+                       dual_clip: float | None = 3.0):
+    """``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` (dual-clipped at ``-A c`` for A < 0) for any ratio ``r``
+    (BGPO's linearised one included), and where clipping engaged."""
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
     engaged = clipped > unclipped
@@ -44,6 +52,13 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
         engaged = engaged | ((adv < 0) & (capped < loss))
         loss = torch.where(adv < 0, capped, loss)
     return loss, engaged
+
+
+def log_clipped_loss(log_ratio: torch.Tensor, adv: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2):
+    """``max(-A r, -A clip(r))`` evaluated in the log domain (EBPO): no overflow for huge sequence-level ratios."""
+    effective = torch.where(adv >= 0, log_ratio.clamp(max=math.log1p(eps_high)),
+                            log_ratio.clamp(min=math.log(max(1 - eps_low, 1e-30))))
+    return -adv * torch.exp(effective), effective != log_ratio
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:

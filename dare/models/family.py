@@ -71,9 +71,10 @@ class Family:
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-               cache=None, key_position_ids: torch.Tensor | None = None, keep: int | None = None) -> torch.Tensor:
-        """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids`` (``keep=k``: only the
-        last k positions, ``[B, k, V]``, without materialising the others).
+               cache=None, key_position_ids: torch.Tensor | None = None,
+               keep: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
+        the last k positions ``[B, k, V]`` and ``keep=positions`` (1-D) only those, without materialising the rest.
 
         * plain layout (``clean_ids=None``): the model's own attention (bidirectional, or block-causal for block
           families), with a padding mask and an optional cache. For a shifted family (Dream) position 0 of the
@@ -86,6 +87,10 @@ class Family:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
             width = input_ids.shape[1]
+            if torch.is_tensor(keep):  # explicit positions: a shifted family reads each one a position back
+                rows = (keep - 1).clamp(min=0) if self.shift else keep
+                return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, key_position_ids=key_position_ids, logits_to_keep=rows).logits
             if keep is not None and not 0 < keep <= width:
                 raise ValueError(f"keep must be in [1, {width}], got {keep}")
             extra = int(self.shift and keep is not None and keep < width)  # the shifted row reads one position back
@@ -102,7 +107,7 @@ class Family:
         ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size)
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
-        rows = torch.arange(width - (keep or width), width, device=ids.device)  # inside the noisy half
+        rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
         return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
                      logits_to_keep=rows).logits
 

@@ -92,6 +92,12 @@ def _maskgit_plus(logits, x0, temperature=0.0, top_k=None, top_p=None, **_):
     return scaled.softmax(-1).gather(-1, x0[..., None])[..., 0]
 
 
+@confidence("left_to_right")
+def _left_to_right(logits, x0, **_):
+    """The earliest position first: with one token per step the sampler is autoregressive (JustGRPO)."""
+    return -torch.arange(x0.shape[-1], device=x0.device, dtype=torch.float32).expand(x0.shape)
+
+
 def score(name: str, logits, x0, **kw) -> torch.Tensor:
     if name not in CONFIDENCE:
         raise ValueError(f"Unknown remasking algorithm {name!r}; known: {sorted(CONFIDENCE)}")

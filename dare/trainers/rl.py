@@ -70,8 +70,9 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
         self.reward_workers, self.log_completions = reward_workers, log_completions
         completions, ga = args.per_device_train_batch_size * num_generations, args.gradient_accumulation_steps
-        if completions % ga:
-            raise ValueError(f"{completions} completions per rank do not split into {ga} equal micro-batches")
+        if ga % algorithm.streams or completions % (ga // algorithm.streams):
+            raise ValueError(f"{completions} completions per rank x {algorithm.streams} streams do not split into "
+                             f"{ga} equal micro-steps")
         if args.save_strategy == "steps" and args.save_steps % algorithm.num_iterations:
             raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations "
                              f"({algorithm.num_iterations}): a checkpoint inside a cycle could not resume exactly")
@@ -87,13 +88,14 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
                              repeat, self.args.seed)
 
     def _micro_batch(self, rows):
-        """The buffered micro-batch for this call; the first call of a cycle rolls out the whole batch."""
+        """The buffered micro-batch and stream for this call; the first call of a cycle rolls out the whole batch."""
         micro = self._micro % self.args.gradient_accumulation_steps
         self._micro += 1
         iteration = self.state.global_step % self.algorithm.num_iterations
         if micro == 0 and iteration == 0:
             self._buffer = self._rollout_batch(rows)
-        return {"batch": self._buffer[micro], "iteration": iteration}
+        part, stream = divmod(micro, self.algorithm.streams)
+        return {"batch": self._buffer[part], "iteration": iteration, "stream": stream}
 
     def _prepare_inputs(self, inputs):
         return inputs  # already on the device (built by _rollout_batch)
@@ -124,9 +126,10 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         for slot in range(algo.num_iterations if algo.resample_noise else 1):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
             # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
-            for part, noise in zip(parts, self._split(algo.corrupt(family, batch, generator))):
-                part.setdefault("noise", []).append(noise)
-        if algo.num_iterations > 1 or algo.beta:
+            noise = algo.corrupt(family, batch, generator)
+            for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts)):
+                part.setdefault("noise", []).append(piece)
+        if (algo.num_iterations > 1 and algo.uses_ratio) or algo.beta:
             self._score_old_and_reference(parts)
         self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
                              time.perf_counter() - scored)
@@ -140,7 +143,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         with self._policy() as policy, self.compute_loss_context_manager():
             for part in parts:
                 for noise in part["noise"]:
-                    if algo.num_iterations > 1:
+                    if algo.num_iterations > 1 and algo.uses_ratio:
                         part.setdefault("old", []).append(algo.score(policy, family, part, noise).logp)
                     if algo.beta:
                         with self._reference(policy) as ref:
@@ -148,7 +151,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
 
     def _split(self, value):
         """One piece per micro-batch, along the batch dimension (tensors, or dicts of tensors)."""
-        pieces = self.args.gradient_accumulation_steps
+        pieces = self.args.gradient_accumulation_steps // self.algorithm.streams
         if isinstance(value, dict):
             return [dict(zip(value, chunk)) for chunk in zip(*(self._split(v) for v in value.values()))]
         return value.chunk(pieces)
@@ -196,12 +199,9 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        algo, batch = self.algorithm, inputs["batch"]
+        algo = self.algorithm
         slot = inputs["iteration"] if algo.resample_noise else 0
-        estimate = algo.score(model, self.family, batch, batch["noise"][slot])
-        old = batch["old"][slot] if algo.num_iterations > 1 else estimate.logp.detach()
-        ref = batch["ref"][slot] if algo.beta else None
-        loss, stats = algo.loss(estimate, batch, old, ref, self._normaliser)
+        loss, stats = algo.step_loss(model, self.family, inputs["batch"], slot, inputs["stream"], self._normaliser)
         for name, (total, count) in stats.items():
             self._add(name, float(total), float(count))
         return (loss, None) if return_outputs else loss

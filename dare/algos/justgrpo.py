@@ -1,0 +1,67 @@
+"""JustGRPO (arXiv 2601.15165; algorithms.md §3.10).
+
+The diffusion LM as an autoregressive policy: the rollout decodes one token per step, left to right (no cache
+approximation, no top-k/top-p), and the learner scores each token exactly as the sampler drew it —
+``log softmax(logits(prompt ‖ y_<t ‖ masks) / T)[y_t]``, the sampler's temperature and banned tokens included —
+so learner = sampler. Positions are streamed (``chunk`` per backward).
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..likelihood import Autoregressive
+from . import register
+from .base import Algorithm
+from .core import clipped_token_loss, kl_estimate, token_mean
+
+
+@register("justgrpo")
+@dataclass
+class JustGRPO(Algorithm):
+    """JustGRPO: exact AR log-likelihood with the sampler's temperature."""
+
+    chunk: int = 1  # positions scored per forward / backward
+    loss_mask: str = "all"
+
+    def sampling(self, config):
+        one_per_step = dict(remasking="left_to_right", schedule="linear", threshold=None, factor=None, top_k=None,
+                            top_p=None, alg_temp=None, editing_threshold=None,
+                            cache=None if config.cache in ("prefix", "dual") else config.cache)
+        self._config = replace(config, **one_per_step, steps=None, block_length=None)
+        return self._config
+
+    def estimator(self):
+        config = getattr(self, "_config", None)  # set by sampling(): the learner uses the sampler's temperature
+        return Autoregressive((config.temperature if config else 0.0) or 1.0, self.chunk, ())
+
+    @property
+    def streams(self) -> int:
+        config = getattr(self, "_config", None)
+        return 1 if config is None else math.ceil(config.gen_length / self.chunk)
+
+    def score(self, model, family, batch, noise):
+        return self._learner(family).score(model, family, batch, noise)
+
+    def _learner(self, family):
+        """The estimator with the tokens the sampler never proposes (mask; EOS with suppress_eos) banned."""
+        suppress = getattr(self, "_config", None) is not None and self._config.suppress_eos
+        return replace(self.estimator(), banned=(family.mask_id,) + ((family.eos_id,) if suppress else ()))
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser):
+        positions = range(stream * self.chunk, min((stream + 1) * self.chunk, batch["completion_ids"].shape[1]))
+        est = self._learner(family).score(model, family, batch, {}, positions)
+        old = batch["old"][slot][:, positions.start:positions.stop] if "old" in batch else est.logp.detach()
+        mask = batch["loss_mask"][:, positions.start:positions.stop]
+        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"], self.eps_low, self.eps_high,
+                                                self.dual_clip)
+        tokens = mask.sum()
+        ratio = torch.exp(est.logp.detach() - old)
+        stats = {"clip_fraction": ((engaged * mask).sum(), tokens), "entropy": ((est.entropy * mask).sum(), tokens),
+                 "ratio": ((ratio * mask).sum(), tokens)}
+        if self.beta:
+            kl = kl_estimate(est.logp, batch["ref"][slot][:, positions.start:positions.stop], self.kl)
+            per_token = per_token + self.beta * kl
+            stats["kl"] = ((kl.detach() * mask).sum(), tokens)
+        return token_mean(per_token, mask, normaliser), stats

@@ -1,0 +1,96 @@
+"""Contract tests for EVERY registered algorithm (parametrised over the registry: a new algorithm file is tested
+here without new tests): it runs under train_rl.py on every family it supports and refuses the others with a
+reason; the first inner iteration is on-policy (old, reference and current policy see the same noise: ratio 1,
+KL 0); its loss does not depend on the micro-batch split (nor on streaming); empty and all-EOS completions give
+finite losses and gradients."""
+
+import pytest
+import torch
+
+import train_rl
+from dare.algos import get_algorithm, known
+from dare.models import Family, tiny
+from dare.sampling import SamplingConfig
+from test_train_rl import data, history, rl_args, weights  # noqa: F401  (fixture + helpers)
+
+FAMILIES = ("llada", "dream", "sdar", "llada2")
+FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {}}
+
+
+def knobs(algo, **extra):
+    return {f"algo_config__{k}": v for k, v in {**FAST.get(algo, {}), **extra}.items()}
+
+
+def supported(algo, family):
+    families = get_algorithm(algo).families
+    return families is None or family in families
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("algo", known())
+def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):  # noqa: F811
+    cls = get_algorithm(algo)
+    extra = {"num_iterations": 2} if cls.uses_ratio else {}
+    if algo != "spg":
+        extra["beta"] = 0.1
+    args = rl_args(data, tmp_path, algo=algo, model=f"tiny:{family}", **knobs(algo, **extra))
+    if not supported(algo, family):
+        with pytest.raises(ValueError, match=f"{algo} does not apply to {family} \\(.+\\)"):
+            train_rl.main(args)
+        return
+    train_rl.main(args)
+    first, second = [h for h in history(tmp_path, 2) if "loss" in h]
+    assert "reward" in first and first["grad_norm"] == first["grad_norm"]  # not NaN
+    if "ratio" in first:
+        assert first["ratio"] == 1.0, "the first inner iteration must be on-policy (same noise for old and new)"
+    if "log_ratio" in first:
+        assert first["log_ratio"] == 0.0
+    if "kl" in first:
+        assert first["kl"] == 0.0, "the reference must see the same noise as the policy"
+
+
+@pytest.mark.parametrize("algo", known())
+def test_loss_does_not_depend_on_micro_batches_or_streaming(algo, data, tmp_path):  # noqa: F811
+    family = "llada" if supported(algo, "llada") else "sdar"
+    runs = {"one": dict(micro_batch_size=8), "four": dict(micro_batch_size=2)}
+    if "stream" in get_algorithm(algo).__dataclass_fields__:
+        runs["unstreamed"] = dict(micro_batch_size=8, **knobs(algo, stream=False))
+    for name, kw in runs.items():
+        kw = {**knobs(algo), **kw}
+        train_rl.main(rl_args(data, tmp_path / name, algo=algo, model=f"tiny:{family}", max_steps=1, save_steps=1,
+                              optim="sgd", learning_rate=1.0, **kw))
+    start, one = weights(f"tiny:{family}"), weights(tmp_path / "one")
+    assert any((one[k] - start[k]).abs().max() > 1e-5 for k in one), "the step must move the weights"
+    for name in runs:
+        other = weights(tmp_path / name)
+        worst = max((one[k] - other[k]).abs().max().item() for k in one)
+        assert worst < 1e-6, f"{name}: {worst}"
+
+
+@pytest.mark.parametrize("algo", known())
+def test_empty_and_all_eos_completions_are_finite(algo):
+    family_name = "llada" if supported(algo, "llada") else "sdar"
+    model, tok = tiny(family_name)
+    model = model.double()
+    fam = Family.from_pretrained(model.config, tok)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(20, 200, (4, 6), generator=g)
+    completion = torch.randint(20, 200, (4, 8), generator=g)
+    completion[1] = fam.eos_id  # all EOS
+    completion_mask = torch.ones_like(completion)
+    loss_mask = completion_mask.clone()
+    loss_mask[0] = 0  # nothing to train on
+    batch = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+             "completion_mask": completion_mask, "loss_mask": loss_mask,
+             "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)}
+    algorithm = get_algorithm(algo)(**FAST.get(algo, {})).validate(fam)
+    algorithm.sampling(SamplingConfig(gen_length=8))
+    batch["noise"] = [algorithm.corrupt(fam, batch, g)]
+    if algorithm.beta:
+        with torch.no_grad():
+            batch["ref"] = [algorithm.score(model, fam, batch, batch["noise"][0]).logp]
+    for stream in range(algorithm.streams):
+        loss, _ = algorithm.step_loss(model, fam, batch, 0, stream, algorithm.normaliser(batch))
+        loss.backward()
+        assert torch.isfinite(loss), (algo, stream)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

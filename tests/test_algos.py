@@ -1,0 +1,251 @@
+"""Each algorithm's own properties from the spec (algorithms.md §3.2, 3.6, 3.7, 3.8, 3.10, 3.11, §9 vectors)."""
+
+import math
+
+import pytest
+import torch
+
+from dare.algos import get_algorithm
+from dare.algos.core import clipped_ratio_loss, log_clipped_loss
+from dare.diffusion import batch_stratified_counts, block_random_masks, block_stratified_masks, stratified_counts
+from dare.likelihood import Autoregressive, Coupled, SequenceElbo, sandwich_bounds, score_tokens
+from dare.models import Family, tiny
+from dare.sampling import SamplingConfig, generate
+
+
+def setup(family_name="llada", rows=4, prompt=6, length=10, seed=0):
+    model, tok = tiny(family_name)
+    fam = Family.from_pretrained(model.config, tok)
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(20, 200, (rows, prompt), generator=g)
+    completion = torch.randint(20, 200, (rows, length), generator=g)
+    ones = torch.ones_like(completion)
+    batch = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion,
+             "completion_mask": ones, "loss_mask": ones.clone()}
+    return model.double(), fam, batch
+
+
+# ---------------------------------------------------------------------------------------------- coupled-grpo
+
+def test_coupled_masks_cover_every_token_exactly_once_and_t_changes():
+    _, fam, batch = setup()
+    estimator, ts = Coupled(), set()
+    for seed in range(5):
+        noise = estimator.corrupt(fam, batch, torch.Generator().manual_seed(seed))
+        first = noise["first"]
+        second = batch["completion_mask"].bool() & ~first
+        assert torch.equal(first ^ second, batch["completion_mask"].bool()) and not (first & second).any()
+        assert 0.2 <= float(noise["t"][0]) <= 0.8
+        ts.add(float(noise["t"][0]))
+    assert len(ts) == 5  # a fresh t per draw: not the reference's fixed 0.5837
+
+
+def test_coupled_pair_weights_average_to_two():
+    """Each half of the pair is an unbiased (1/t, 1/(1-t)) estimate and every token lands in exactly one, so on a
+    context-free model the pair term is 2 l per token and the paper's estimate 1/2 (l + pair) is 1.5 l (a fixed
+    scale; the spec's "equals l" drops the factor)."""
+    _, fam, batch = setup(rows=2, length=6)
+    g, weights = torch.Generator().manual_seed(0), []
+    for _ in range(20000):
+        noise = Coupled().corrupt(fam, batch, g)
+        t = noise["t"][:, None]
+        weights.append(torch.where(noise["first"], 1 / t, 1 / (1 - t)))
+    assert torch.allclose(torch.stack(weights).mean(0), torch.full((2, 6), 2.0), atol=0.05)
+
+
+# ------------------------------------------------------------------------------------------------------ bgpo
+
+def test_bgpo_on_policy_value_and_gradient_equal_the_sequence_objective():
+    """At theta = theta_old the per-sample linearised surrogate has value -A (times the length weights) and the
+    gradient of -A exp(mean_j Delta_j)."""
+    model, fam, batch = setup()
+    batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    algo = get_algorithm("bgpo")(samples=4, stream=False).validate(fam)
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0))]
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    params = [p for p in model.parameters()]
+    grads = torch.autograd.grad(loss, params)
+    value = algo.score(model, fam, batch, batch["noise"][0]).logp
+    tokens = batch["loss_mask"].sum(-1).double()
+    target = -(batch["advantages"] * torch.exp((value - value.detach()).mean(-1)) * tokens).sum() / tokens.sum()
+    assert torch.allclose(loss.detach(), -(batch["advantages"] * tokens).sum() / tokens.sum())
+    expected = torch.autograd.grad(target, params)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, expected))
+
+
+def test_bgpo_linearised_ratio_is_a_lower_bound_and_never_nan():
+    g = torch.Generator().manual_seed(0)
+    delta = torch.rand(1000, 8, generator=g, dtype=torch.float64) - 0.5
+    for sign in (1.0, -1.0):
+        rho = torch.exp(delta) if sign < 0 else 1 + delta
+        assert (sign * rho.mean(-1) <= sign * torch.exp(delta.mean(-1)) + 1e-12).all()
+    loss, _ = clipped_ratio_loss(1 + torch.tensor([-1.5, -1.0]), torch.tensor([1.0, 1.0]))
+    assert torch.isfinite(loss).all()  # the reference's exp(log(1 + Delta)) is NaN here
+    # spec §9: (A=+1, Delta=-0.1) -> rho 0.9, loss -0.9; (A=-1, Delta=+0.1) -> rho e^0.1, loss 1.105171
+    assert torch.allclose(clipped_ratio_loss(torch.tensor([0.9]), torch.tensor([1.0]))[0], torch.tensor([-0.9]))
+    assert torch.allclose(clipped_ratio_loss(torch.tensor([math.exp(0.1)]), torch.tensor([-1.0]))[0],
+                          torch.tensor([1.105171]))
+
+
+# ------------------------------------------------------------------------------------------------------- spg
+
+def test_spg_sandwich_vector_and_jensen():
+    logp = torch.log(torch.tensor([[[0.2], [0.8]]], dtype=torch.float64))  # two fully masked draws, one token
+    lower, upper = sandwich_bounds(logp, torch.ones_like(logp, dtype=torch.bool), torch.tensor([1]), 1.5)
+    assert torch.allclose(lower, torch.tensor([-0.916291], dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(upper, torch.tensor([-0.606720], dtype=torch.float64), atol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(5, 3, 7, generator=g, dtype=torch.float64) * 4
+    lower, upper = sandwich_bounds(logp, torch.ones_like(logp, dtype=torch.bool), torch.full((5,), 7), 1.5)
+    assert (upper >= lower).all()
+
+
+def test_spg_block_random_mask_region():
+    """Per draw: a block b, clean before it, 1..l_b masked tokens in it, everything valid after it masked; the
+    blocks of different draws are distinct while there are enough valid blocks."""
+    maskable = torch.ones(3, 16, dtype=torch.bool)
+    maskable[2, 10:] = False  # 3 valid blocks, the last one partial
+    masks = block_random_masks(maskable, 4, 3, torch.Generator().manual_seed(0))
+    for i in range(3):
+        chosen = []
+        for m in masks[i]:
+            b = int(m.nonzero()[0]) // 4
+            chosen.append(b)
+            assert not m[:4 * b].any() and torch.equal(m[4 * b + 4:], maskable[i, 4 * b + 4:])
+            assert 1 <= int(m[4 * b:4 * b + 4].sum()) <= int(maskable[i, 4 * b:4 * b + 4].sum())
+        assert len(set(chosen)) == 3
+
+
+def test_spg_gradient_is_reinforce_on_the_bound():
+    model, fam, batch = setup()
+    batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    algo = get_algorithm("spg")().validate(fam)
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0))]
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    params = list(model.parameters())
+    bounds = algo.score(model, fam, batch, batch["noise"][0]).logp
+    adv, tokens = batch["advantages"], batch["loss_mask"].sum(-1).double()
+    est = torch.where(adv > 0, bounds[:, 0], bounds[:, 1])
+    expected = torch.autograd.grad(-(adv * tokens * est).sum() / tokens.sum(), params, retain_graph=True)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(torch.autograd.grad(loss, params), expected))
+
+
+# ------------------------------------------------------------------------------------------------------ ebpo
+
+def test_ebpo_every_block_has_a_target_and_weights_are_unbiased():
+    maskable = torch.ones(2, 11, dtype=torch.bool)
+    maskable[1, 7:] = False
+    offsets = torch.tensor([2, 5])
+    g, total = torch.Generator().manual_seed(0), torch.zeros(2, 11, dtype=torch.float64)
+    draws = 4000
+    for _ in range(draws // 8):
+        masks, p = block_stratified_masks(maskable, offsets, 4, 8, g)
+        for i in range(2):
+            ids = (offsets[i] + torch.arange(11)) // 4
+            for b in ids[maskable[i]].unique():
+                in_block = maskable[i] & (ids == b)
+                counts = masks[i][:, in_block].sum(-1)
+                assert (counts >= 1).all() and (counts <= in_block.sum()).all()
+        total += (masks / p.clamp(min=1e-12)).sum(1).double()
+    assert torch.allclose(total[maskable] / draws, torch.ones(int(maskable.sum()), dtype=torch.float64), atol=0.08)
+    assert (total[~maskable] == 0).all()
+
+
+def test_ebpo_log_domain_clip_matches_ratio_clip_without_overflow():
+    r = torch.logspace(-3, 3, 200, dtype=torch.float64)
+    for a in (-1.0, 0.0, 1.0):
+        adv = torch.full_like(r, a)
+        assert torch.allclose(log_clipped_loss(r.log(), adv)[0], clipped_ratio_loss(r, adv, dual_clip=None)[0])
+    assert torch.isfinite(log_clipped_loss(torch.tensor([80.0]), torch.tensor([1.0]))[0]).all()
+    assert log_clipped_loss(torch.tensor([1.0]), torch.tensor([1.0]))[0].item() == pytest.approx(-1.2)  # §9
+    assert log_clipped_loss(torch.tensor([-1.0]), torch.tensor([-1.0]))[0].item() == pytest.approx(0.8)
+
+
+# ------------------------------------------------------------------------------------------------------ espo
+
+def test_mask_counts_are_stratified_and_uniform_per_row():
+    """Both stratified schemes span the range within a batch / a sequence and give every row a uniform marginal
+    (the reference's rounded integer offsets do not: for L = 5, B = 4 row 1 only ever gets 0, 2 or 4 masks)."""
+    counts = batch_stratified_counts(torch.full((11,), 10), torch.Generator().manual_seed(3))
+    assert sorted(counts.tolist()) == list(range(11))  # B = L + 1 rows: every count 0..L exactly once
+    g = torch.Generator().manual_seed(0)
+    espo = torch.stack([batch_stratified_counts(torch.full((4,), 5), g) for _ in range(12000)])
+    bgpo = torch.stack([stratified_counts(torch.tensor([10]), 4, g)[0] for _ in range(12000)])
+    for draws, values in ((espo, range(6)), (bgpo, range(1, 11))):
+        for row in draws.T:
+            freq = torch.stack([(row == v).double().mean() for v in values])
+            assert torch.allclose(freq, torch.full_like(freq, 1 / len(values)), atol=0.02)
+    assert all(len(set(row.tolist())) == 4 for row in bgpo[:100])  # a sequence's draws are distinct levels
+
+
+def test_espo_halves_are_unbiased():
+    _, fam, batch = setup(rows=4, length=5)
+    g, est = torch.Generator().manual_seed(0), SequenceElbo(samples=1)
+    length = 5
+    first, second = torch.zeros(4, 5, dtype=torch.float64), torch.zeros(4, 5, dtype=torch.float64)
+    draws = 6000
+    for _ in range(draws):
+        noise = est.corrupt(fam, batch, g)
+        masked, p = noise["masks"][:, 0], noise["p"][:, 0].double()[:, None]
+        first += masked / p.clamp(min=1e-12)
+        second += ~masked / (length / (length + 1) - p).clamp(min=1e-12)
+    assert torch.allclose(first / draws, torch.ones(4, 5, dtype=torch.float64), atol=0.08)
+    assert torch.allclose(second / draws, torch.ones(4, 5, dtype=torch.float64), atol=0.08)
+
+
+def test_espo_eps_zero_gradient_at_the_tie_is_pinned():
+    """With eps = 0 and r = 1 exactly (first iteration) both branches tie: torch.maximum splits the gradient and
+    clamp passes it at its bound, so the halves add up to the full policy gradient -A (the same ops as the
+    reference; pinned so a change of formulation is deliberate)."""
+    log_ratio = torch.zeros(3, requires_grad=True, dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    loss, _ = clipped_ratio_loss(torch.exp(log_ratio), adv, 0.0, 0.0, None)
+    (grad,) = torch.autograd.grad(loss.sum(), log_ratio)
+    assert torch.allclose(grad, -adv)
+
+
+# -------------------------------------------------------------------------------------------------- justgrpo
+
+@pytest.mark.parametrize("family_name", ["llada", "dream", "sdar"])
+def test_justgrpo_likelihood_is_the_sum_of_ar_conditionals(family_name):
+    model, fam, batch = setup(family_name, rows=2, length=8)
+    chunked = Autoregressive(0.7, 3, (fam.mask_id,)).score(model, fam, batch, {}).logp
+    one = Autoregressive(0.7, 1, (fam.mask_id,)).score(model, fam, batch, {}).logp
+    assert torch.allclose(chunked, one, atol=1e-10)
+    for t in range(8):  # by hand: mask positions t.., read position t, divide by T, ban the mask token
+        masked = batch["completion_ids"].clone()
+        masked[:, t:] = fam.mask_id
+        noisy = torch.cat([batch["prompt_ids"], masked], 1)
+        clean = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1) if fam.is_block_diffusion else None
+        logits = fam.logits(model, noisy, torch.ones_like(noisy), clean_ids=clean)[:, 6 + t] / 0.7
+        logits[:, fam.mask_id] = float("-inf")
+        expected = logits.log_softmax(-1).gather(-1, batch["completion_ids"][:, t:t + 1])[:, 0]
+        assert torch.allclose(one[:, t], expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("family_name", ["llada", "sdar"])
+def test_justgrpo_sampler_is_the_learner(family_name):
+    """The rollout JustGRPO asks for decodes left to right one token per step; at T = 0 every sampled token is the
+    argmax of the learner's distribution at that position."""
+    model, fam, batch = setup(family_name, rows=2, length=8)
+    algo = get_algorithm("justgrpo")()
+    config = algo.sampling(SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"))
+    out = generate(model, fam, batch["prompt_ids"], batch["prompt_mask"], config)
+    assert torch.equal(out.step_map, torch.arange(8).expand(2, 8))
+    batch["completion_ids"] = out.sequences
+    logits_order = []
+    for t in range(8):
+        masked = out.sequences.clone()
+        masked[:, t:] = fam.mask_id
+        noisy = torch.cat([batch["prompt_ids"], masked], 1)
+        est = score_tokens(model, fam, batch, noisy, 1.0, (fam.mask_id,), torch.tensor([t]))
+        logits_order.append(est.logp[:, 0])
+    # the argmax's log-prob is the largest: compare against every alternative token at each position
+    for t in range(8):
+        masked = out.sequences.clone()
+        masked[:, t:] = fam.mask_id
+        noisy = torch.cat([batch["prompt_ids"], masked], 1)
+        clean = torch.cat([batch["prompt_ids"], out.sequences], 1) if fam.is_block_diffusion else None
+        logits = fam.logits(model, noisy, torch.ones_like(noisy), clean_ids=clean)[:, 6 + t]
+        logits[:, fam.mask_id] = float("-inf")
+        assert torch.equal(logits.argmax(-1), out.sequences[:, t])
