@@ -1,29 +1,42 @@
-"""Talk to a diffusion LM, or generate for one prompt, and see the answer with its speed.
+"""Evaluate a diffusion LM on built-in benchmarks, talk to it, or generate for one prompt (with its speed).
 
+    python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --bench gsm8k,math500 --gen-length 256 --block-length 8
+    accelerate launch evaluate.py --model JetLM/SDAR-8B-Chat --bench humaneval,mbpp --data-dir ../shared/data/rl/test
+    python evaluate.py --model tiny:llada --bench task:addition --limit 20 --gen-length 16 --output-dir outputs/eval-tiny
+    python evaluate.py --compare outputs/eval-base/report.json outputs/eval-rl/report.json --plot compare.png
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --prompt "What is 15 * 4?" --gen-length 128 --steps 128
     python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9          # interactive chat (empty line or Ctrl-D quits)
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
 
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
-folder or ``tiny:<family>``.
+folder or ``tiny:<family>``; ``--config`` YAML files set the defaults. Benchmarks are scored by the RL rewards
+(math-verify, sandboxed code execution). Samples are appended to ``<output-dir>/samples.<rank>.jsonl`` as they
+finish and a rerun skips them; ``report.json`` / ``report.md`` hold accuracy, pass@k, tokens/s and forward passes
+per token for every benchmark. Under ``accelerate launch`` the prompts are sharded over the processes.
 """
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import tyro
 
+from dare.config import parse
 from dare.engines import HFEngine
+from dare.eval import benchmarks, harness, report
 from dare.eval.trajectory import write_trajectory_html
 from dare.models import load_pretrained
+from dare.rewards.routing import RewardRouter
 from dare.sampling import SamplingConfig
 
 
 @dataclass
 class Args:
-    model: str  # hub name, local folder, or tiny:<family>
+    """Evaluate, chat with, or generate from a diffusion LM."""
+
+    model: str = ""  # hub name, local folder, or tiny:<family>
     prompt: str | None = None  # generate for this prompt and exit; omit for an interactive chat
     system: str | None = None  # optional system message
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -33,6 +46,15 @@ class Args:
     seed: int = 0
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
+    bench: str | None = None  # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated task>
+    data_dir: str | None = "../shared/data/rl/test"  # folder of the reference parquet files (tried before the hub)
+    limit: int | None = None  # first N prompts of each benchmark
+    samples: int | None = None  # completions per prompt (default: the benchmark's; AIME 8)
+    pass_k: list[int] = field(default_factory=lambda: [1])  # report pass@k for these k (needs samples >= k)
+    batch_size: int = 16  # prompts decoded together
+    output_dir: str = "outputs/eval"
+    compare: list[str] | None = None  # report.json files to put side by side (no model needed)
+    plot: str | None = None  # with --compare: write a bar chart PNG here
 
 
 def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
@@ -51,10 +73,46 @@ def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
     return text
 
 
+def run_benchmarks(args: Args, engine: HFEngine):
+    from accelerate import PartialState
+    state = PartialState()
+    folder, router, summaries = Path(args.output_dir), RewardRouter(["auto"]), {}
+    names = [b.strip() for b in args.bench.split(",") if b.strip()]
+    loaded = {name: benchmarks.load_benchmark(name, args.data_dir, args.limit) for name in names}  # fail early
+    for name, rows in loaded.items():
+        samples = args.samples or (benchmarks.BENCHMARKS[name].samples if name in benchmarks.BENCHMARKS else 1)
+        indices = list(range(len(rows)))[state.process_index::state.num_processes]
+        harness.run_benchmark(engine, name, rows, indices, samples, args.sampling, router, folder,
+                              state.process_index, args.batch_size, args.seed, state.is_local_main_process)
+        state.wait_for_everyone()
+        records = [r for (i, k), r in harness.done_keys(folder, name).items() if i < len(rows) and k < samples]
+        summaries[name] = harness.summarize(records, args.pass_k)
+    if state.is_main_process:
+        meta = {"model": args.model, "sampling": vars(args.sampling), "limit": args.limit}
+        print(report.write_report(folder, summaries, meta))
+        for name, s in summaries.items():
+            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples, {s['tokens_per_s']:.1f} "
+                  f"tokens/s, {s['forwards_per_token']:.3f} forward passes per token]", file=sys.stderr)
+        print(f"[report: {folder / 'report.md'}, samples: {folder}/samples.*.jsonl]", file=sys.stderr)
+    return summaries
+
+
 def main(args: Args):
+    if args.compare:
+        print(report.compare(args.compare, args.plot))
+        return
+    if not args.model:
+        raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer, family = load_pretrained(args.model, dtype=dtype, attn_implementation=args.attn_implementation)
-    engine = HFEngine(model.to(args.device).eval(), tokenizer, family)
+    device = args.device
+    if args.bench:
+        from accelerate import PartialState
+        device = PartialState().device if PartialState().num_processes > 1 else args.device
+    engine = HFEngine(model.to(device).eval(), tokenizer, family, max_batch_size=args.batch_size * (args.samples or 8))
+    if args.bench:
+        run_benchmarks(args, engine)
+        return
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
         answer(engine, history + [{"role": "user", "content": args.prompt}], args)
@@ -72,4 +130,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, config=(tyro.conf.OmitArgPrefixes,)))
+    main(parse(Args, config=(tyro.conf.OmitArgPrefixes,)))

@@ -41,7 +41,7 @@ def peek(key: str, argv: list[str] | None = None, default=None):
     return default
 
 
-def parse(cls, argv: list[str] | None = None):
+def parse(cls, argv: list[str] | None = None, config: tuple = ()):
     """``--config FILE`` (YAML, keys = field names, nested sections for nested dataclasses) sets the defaults;
     every field is also a flag."""
     argv = sys.argv[1:] if argv is None else argv
@@ -52,5 +52,5 @@ def parse(cls, argv: list[str] | None = None):
     if known.config:
         values = yaml.safe_load(Path(known.config).read_text()) or {}
         default = _apply(default, values, known.config)
-    return tyro.cli(cls, args=rest, default=default,
+    return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")

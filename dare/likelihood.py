@@ -66,10 +66,12 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
 
 
-def _masked_input(family, batch, completion_masked: torch.Tensor) -> torch.Tensor:
-    """``prompt ‖ completion`` with the given completion positions replaced by the mask token."""
-    completion = batch["completion_ids"].masked_fill(completion_masked.bool(), family.mask_id)
-    return torch.cat([batch["prompt_ids"], completion], dim=1)
+def _masked_input(family, batch, completion_masked: torch.Tensor, prompt: torch.Tensor | None = None):
+    """``prompt ‖ completion`` with the given completion positions masked. Completion positions outside the loss
+    mask (the EOS tail under ``upto_first_eos``) are always masked: conditioning on them would reveal the length."""
+    hidden = completion_masked.bool() | ~batch["loss_mask"].bool()
+    completion = batch["completion_ids"].masked_fill(hidden, family.mask_id)
+    return torch.cat([batch["prompt_ids"] if prompt is None else prompt, completion], dim=1)
 
 
 def _maskable(batch) -> torch.Tensor:
@@ -230,8 +232,7 @@ class Sandwich:
     def score(self, model, family, batch, noise) -> Estimate:
         logps = []
         for j in range(self.samples):
-            noisy = torch.cat([noise["noisy_prompt"][:, j],
-                               batch["completion_ids"].masked_fill(noise["masks"][:, j], family.mask_id)], 1)
+            noisy = _masked_input(family, batch, noise["masks"][:, j], noise["noisy_prompt"][:, j])
             logps.append(score_tokens(model, family, batch, noisy).logp)
         lower, upper = sandwich_bounds(torch.stack(logps, 1), noise["masks"], _maskable(batch).sum(-1), self.beta)
         return Estimate(torch.stack([lower, self.mix * upper + (1 - self.mix) * lower], -1))
