@@ -113,3 +113,23 @@ def test_evaluate_end_to_end_on_generated_and_real_files(tmp_path):
     again = run_evaluate(tmp_path, "--bench", benches, "--limit", "3", "--data-dir", str(SHARED_TEST))
     assert (tmp_path / "samples.0.jsonl").read_text().splitlines() == lines  # nothing recomputed
     assert again["benchmarks"] == first["benchmarks"]
+
+
+@pytest.mark.parametrize("family_name", ["llada", "dream", "sdar"])
+def test_continuation_elbo(family_name):
+    """A one-token continuation is scored exactly (every draw masks it, p = 1); rows are independent of their
+    batch (grouped by length, no padding after a continuation)."""
+    from dare.eval.loglik import continuation_elbo
+    from dare.models import load_pretrained
+    model, tok, fam = load_pretrained(f"tiny:{family_name}")
+    ctx, answer = "What is 2+2? ", "4"
+    ids, target = tok(ctx, add_special_tokens=False)["input_ids"], tok(answer, add_special_tokens=False)["input_ids"]
+    assert len(target) == 1
+    x = torch.tensor([ids + [fam.mask_id]])
+    clean = torch.tensor([ids + target]) if fam.is_block_diffusion else None
+    with torch.no_grad():
+        exact = fam.logits(model, x, clean_ids=clean)[0, len(ids)].log_softmax(-1)[target[0]].double()
+    together = continuation_elbo(model, fam, tok, [ctx, "Hello there", ctx], [answer, "5 and six", "seven"], 4)
+    assert torch.allclose(together[0], exact, atol=1e-5)
+    alone = continuation_elbo(model, fam, tok, ["Hello there"], ["5 and six"], 4)
+    assert torch.allclose(together[1], alone[0], atol=1e-5)

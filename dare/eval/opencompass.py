@@ -1,0 +1,76 @@
+"""OpenCompass model class for every DARE family (optional extra; see the README for installing it beside trl).
+
+In an OpenCompass config:
+
+    from dare.eval.opencompass import DARECompassModel
+    models = [dict(type=DARECompassModel, abbr="llada-8b", path="GSAI-ML/LLaDA-8B-Instruct", max_out_len=256,
+                   batch_size=8, sampling=dict(steps=256, block_length=8), elbo_samples=32, run_cfg=dict(num_gpus=1))]
+
+``generate`` decodes with DARE's samplers (the family's chat template; OpenCompass's HUMAN/BOT/SYSTEM turns become
+chat turns), ``get_ppl`` is the per-token negative ELBO of each text after its first ``mask_length`` tokens
+(lower = likelier, as OpenCompass expects), ``get_token_len`` counts tokenizer tokens.
+"""
+
+from dataclasses import fields
+
+import torch
+from opencompass.models.base import BaseModel
+from opencompass.registry import MODELS
+
+from ..engines import HFEngine
+from ..models import load_pretrained
+from ..sampling import SamplingConfig
+from .loglik import continuation_elbo
+
+ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
+
+
+def to_messages(prompt) -> list[dict]:
+    """An OpenCompass prompt (a string or a PromptList of {role, prompt} turns) as chat messages."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages = []
+    for turn in prompt:
+        if isinstance(turn, str):
+            messages.append({"role": "user", "content": turn})
+        elif "role" in turn:
+            messages.append({"role": ROLES.get(turn["role"], "user"), "content": turn.get("prompt", "")})
+    return messages
+
+
+@MODELS.register_module()
+class DARECompassModel(BaseModel):
+    is_api = False
+
+    def __init__(self, path: str, max_seq_len: int = 4096, tokenizer_only: bool = False, meta_template=None,
+                 sampling: dict | None = None, elbo_samples: int = 32, dtype: str = "auto", seed: int = 0, **kwargs):
+        super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
+                         meta_template=meta_template)
+        dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        self.model, self.tokenizer, self.family = load_pretrained(path, dtype=dtype)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.engine = HFEngine(self.model.to(device).eval(), self.tokenizer, self.family)
+        known = {f.name for f in fields(SamplingConfig)}
+        unknown = set(sampling or {}) - known
+        if unknown:
+            raise ValueError(f"unknown sampling keys {sorted(unknown)}; known: {sorted(known)}")
+        self.sampling, self.elbo_samples, self.seed = dict(sampling or {}), elbo_samples, seed
+
+    def generate(self, inputs: list, max_out_len: int, **kwargs) -> list[str]:
+        config = SamplingConfig(**{"gen_length": max_out_len, **self.sampling})
+        return self.engine.generate([to_messages(p) for p in inputs], 1, config, seed=self.seed).texts
+
+    def get_token_len(self, prompt: str) -> int:
+        return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def get_ppl(self, inputs: list[str], mask_length: list[int] | None = None) -> list[float]:
+        contexts, continuations = [], []
+        for i, text in enumerate(inputs):
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            cut = mask_length[i] if mask_length else 0
+            contexts.append(self.tokenizer.decode(ids[:cut]))
+            continuations.append(self.tokenizer.decode(ids[cut:]))
+        elbo = continuation_elbo(self.model, self.family, self.tokenizer, contexts, continuations,
+                                 self.elbo_samples, self.seed)
+        lengths = [max(self.get_token_len(c), 1) for c in continuations]
+        return [float(-e / n) for e, n in zip(elbo, lengths)]
