@@ -45,7 +45,7 @@ def built_in(engine, rows, config, batch) -> tuple[float, float]:
     return seconds, tokens
 
 
-def opencompass(path, rows, config, batch):
+def through_opencompass(path, rows, config, batch):
     from dare.eval.opencompass import DARECompassModel
     model = DARECompassModel(path=path, sampling={k: v for k, v in vars(config).items() if k != "gen_length"})
     prompts = [r["prompt"][-1]["content"] for r in rows]
@@ -81,7 +81,7 @@ def main():
         for name, knobs in variants(fam.is_block_diffusion, args.gen_length).items():
             config = replace(SamplingConfig(gen_length=args.gen_length), **knobs)
             for which in paths:
-                run = built_in if which == "built-in" else opencompass
+                run = built_in if which == "built-in" else through_opencompass
                 target = engine if which == "built-in" else path
                 run(target, rows[:args.batch], config, args.batch)  # warm-up
                 seconds, tokens = run(target, rows, config, args.batch)

@@ -15,9 +15,16 @@ def continuation_elbo(model, family, tokenizer, contexts: list[str], continuatio
     """``[N]`` ELBO estimates of ``log p(continuation | context)`` (a lower bound; exact in expectation for the
     masked-diffusion bound). Rows are scored in groups of equal continuation length, so no padding sits after a
     continuation; block families score through their ``[x_t ‖ x_0]`` layout."""
-    device = next(model.parameters()).device
     ctx = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in contexts]
     cont = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
+    return elbo_of_ids(model, family, ctx, cont, samples, seed)
+
+
+@torch.no_grad()
+def elbo_of_ids(model, family, ctx: list[list[int]], cont: list[list[int]], samples: int = 32,
+                seed: int = 0) -> torch.Tensor:
+    """:func:`continuation_elbo` on token ids."""
+    device = next(model.parameters()).device
     if any(not c for c in cont):
         raise ValueError("every continuation needs at least one token")
     out = torch.zeros(len(cont), dtype=torch.float64)

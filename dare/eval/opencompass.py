@@ -20,7 +20,7 @@ from opencompass.registry import MODELS
 from ..engines import HFEngine
 from ..models import load_pretrained
 from ..sampling import SamplingConfig
-from .loglik import continuation_elbo
+from .loglik import elbo_of_ids
 
 ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
 
@@ -64,13 +64,8 @@ class DARECompassModel(BaseModel):
         return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def get_ppl(self, inputs: list[str], mask_length: list[int] | None = None) -> list[float]:
-        contexts, continuations = [], []
-        for i, text in enumerate(inputs):
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            cut = mask_length[i] if mask_length else 0
-            contexts.append(self.tokenizer.decode(ids[:cut]))
-            continuations.append(self.tokenizer.decode(ids[cut:]))
-        elbo = continuation_elbo(self.model, self.family, self.tokenizer, contexts, continuations,
-                                 self.elbo_samples, self.seed)
-        lengths = [max(self.get_token_len(c), 1) for c in continuations]
-        return [float(-e / n) for e, n in zip(elbo, lengths)]
+        ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in inputs]
+        cuts = [min(mask_length[i] if mask_length else 0, len(x) - 1) for i, x in enumerate(ids)]
+        elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts)],
+                           [x[c:] for x, c in zip(ids, cuts)], self.elbo_samples, self.seed)
+        return [float(-e / (len(x) - c)) for e, x, c in zip(elbo, ids, cuts)]
