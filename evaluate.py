@@ -73,9 +73,14 @@ def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
     return text
 
 
-def run_benchmarks(args: Args, engine: HFEngine):
+def process_state():
+    """This process's place under ``accelerate launch`` (``cpu=True`` is what makes CPU launches multi-process)."""
     from accelerate import PartialState
-    state = PartialState()
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def run_benchmarks(args: Args, engine: HFEngine):
+    state = process_state()
     folder, router, summaries = Path(args.output_dir), RewardRouter(["auto"]), {}
     names = [b.strip() for b in args.bench.split(",") if b.strip()]
     loaded = {name: benchmarks.load_benchmark(name, args.data_dir, args.limit) for name in names}  # fail early
@@ -106,9 +111,8 @@ def main(args: Args):
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer, family = load_pretrained(args.model, dtype=dtype, attn_implementation=args.attn_implementation)
     device = args.device
-    if args.bench:
-        from accelerate import PartialState
-        device = PartialState().device if PartialState().num_processes > 1 else args.device
+    if args.bench and process_state().num_processes > 1:
+        device = process_state().device
     engine = HFEngine(model.to(device).eval(), tokenizer, family, max_batch_size=args.batch_size * (args.samples or 8))
     if args.bench:
         run_benchmarks(args, engine)

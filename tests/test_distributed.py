@@ -75,3 +75,16 @@ def test_two_process_cpu_rl(tmp_path):
     assert [h["epoch"] for h in train_logs] == pytest.approx([4 / 64, 8 / 64])  # 2 ranks x 2 prompts per step
     assert all("reward/addition" in h and "rollout/tokens_per_s" in h for h in train_logs)
     assert any("eval_acc/addition" in h for h in history)
+
+
+def test_two_process_evaluation(tmp_path):
+    """evaluate.py under a 2-process launch: each rank decodes its shard into its own samples file; the report
+    covers every prompt once."""
+    result = _launch(["evaluate.py", "--model", "tiny:llada", "--bench", "task:addition", "--limit", "5",
+                      "--gen-length", "8", "--output-dir", str(tmp_path)])
+    assert (tmp_path / "samples.0.jsonl").exists() and (tmp_path / "samples.1.jsonl").exists()
+    indices = sorted(json.loads(line)["index"] for part in ("samples.0.jsonl", "samples.1.jsonl")
+                     for line in (tmp_path / part).read_text().splitlines())
+    assert indices == [0, 1, 2, 3, 4]
+    summary = json.loads((tmp_path / "report.json").read_text())["benchmarks"]["task:addition"]
+    assert summary["prompts"] == 5 and "tokens/s" in result.stderr

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import importlib.util
+import sys
+
 import train_rl
 import train_sft
 from dare.config import parse, peek
@@ -14,7 +17,8 @@ from dare.models import Family, tiny
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 SFT_RECIPES = [p for p in RECIPES if p.stem.startswith("sft")]
-RL_RECIPES = [p for p in RECIPES if not p.stem.startswith("sft")]
+EVAL_RECIPES = [p for p in RECIPES if p.stem.startswith("eval")]
+RL_RECIPES = [p for p in RECIPES if p not in SFT_RECIPES + EVAL_RECIPES]
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2"}
 
@@ -72,3 +76,20 @@ def test_accelerate_config_loads(path):
     for section in ("fsdp_config", "deepspeed_config"):
         unknown = set(getattr(config, section) or {}) - dests  # the launcher copies these into its args silently
         assert not unknown, f"{path.name}: {section} keys unknown to accelerate launch: {unknown}"
+
+
+@pytest.mark.parametrize("path", EVAL_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_eval_recipe_parses(path):
+    import tyro
+    from dare.eval.benchmarks import known
+    assert path.read_text().startswith("# accelerate launch evaluate.py "), "first line: the launch command"
+    # loaded by path: the module name `evaluate` belongs to HF's package once the OpenCompass extra is imported
+    spec = importlib.util.spec_from_file_location("dare_evaluate_script", ROOT / "evaluate.py")
+    script = sys.modules["dare_evaluate_script"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = parse(script.Args, ["--config", str(path)], config=(tyro.conf.OmitArgPrefixes,))
+    family = path.parent.name
+    assert FAMILY_MARKERS[family] in args.model
+    assert all(b in known() for b in args.bench.split(","))
+    model, tokenizer = tiny(family)
+    args.sampling.resolve(Family.from_pretrained(model.config, tokenizer)).validate()
