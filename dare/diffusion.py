@@ -84,7 +84,7 @@ def recipe_for(family) -> NoiseRecipe:
     return RECIPES[name]
 
 
-def _rand(shape, generator, device):
+def uniform(shape, generator, device):
     """Uniform draws from ``generator`` (on its own device), moved to ``device``."""
     where = generator.device if generator is not None else device
     return torch.rand(shape, generator=generator, device=where).to(device)
@@ -93,7 +93,7 @@ def _rand(shape, generator, device):
 def sample_t(batch: int, recipe: NoiseRecipe, generator: torch.Generator | None = None,
              device: torch.device | str = "cpu") -> torch.Tensor:
     """Noise levels ``[batch]`` (float32): ``u ~ U(t_low, t_high)``, then ``(1 - eps) u + eps``."""
-    u = _rand((batch,), generator, device)
+    u = uniform((batch,), generator, device)
     t = recipe.t_low + (recipe.t_high - recipe.t_low) * u
     return (1 - recipe.eps) * t + recipe.eps
 
@@ -111,10 +111,10 @@ def corrupt(input_ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor, ma
         raise ValueError(f"maskable {tuple(maskable.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
     maskable = maskable.bool()
     t = torch.as_tensor(t, dtype=torch.float32, device=input_ids.device).expand(input_ids.shape[0])
-    masked = maskable & (_rand(input_ids.shape, generator, input_ids.device) < t[:, None])
+    masked = maskable & (uniform(input_ids.shape, generator, input_ids.device) < t[:, None])
     if min_one:
         # the argmax of uniform scores over maskable positions is a uniform maskable position
-        pick = _rand(input_ids.shape, generator, input_ids.device).masked_fill(~maskable, -1.0).argmax(-1)
+        pick = uniform(input_ids.shape, generator, input_ids.device).masked_fill(~maskable, -1.0).argmax(-1)
         empty = maskable.any(-1) & ~masked.any(-1)
         masked[empty, pick[empty]] = True
     return input_ids.masked_fill(masked, mask_id), masked
@@ -140,7 +140,7 @@ def sft_masks(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, leng
 def random_subset(maskable: torch.Tensor, counts: torch.Tensor, generator=None) -> torch.Tensor:
     """Exactly ``counts[...]`` uniformly chosen positions among ``maskable`` (last dim), as a bool mask.
     ``maskable`` ``[..., R]``, ``counts`` ``[...]`` (clamped to the number of maskable positions)."""
-    scores = _rand(maskable.shape, generator, maskable.device).masked_fill(~maskable.bool(), 2.0)
+    scores = uniform(maskable.shape, generator, maskable.device).masked_fill(~maskable.bool(), 2.0)
     rank = scores.argsort(-1).argsort(-1)
     return maskable.bool() & (rank < counts[..., None])
 
@@ -150,7 +150,7 @@ def stratified_counts(lengths: torch.Tensor, k: int, generator=None) -> torch.Te
     ``x_j = (floor(o + jL/k) mod L) + 1`` with ``o ~ U[0, L)``. Every draw is marginally uniform on 1..L (the
     reference rounds an integer offset, which skews the marginals when k does not divide L). ``L = 0`` gives 0."""
     length = lengths.clamp(min=1).double()[:, None]
-    offset = _rand(lengths.shape, generator, lengths.device).double()[:, None] * length
+    offset = uniform(lengths.shape, generator, lengths.device).double()[:, None] * length
     j = torch.arange(k, device=lengths.device, dtype=torch.float64)[None]
     x = torch.remainder(torch.floor(offset + j * length / k), length) + 1
     return (x * (lengths[:, None] > 0)).long()
@@ -161,7 +161,7 @@ def batch_stratified_counts(lengths: torch.Tensor, generator=None) -> torch.Tens
     ``x_b = floor(o + b (L+1) / B) mod (L+1)`` with ``o ~ U[0, L+1)``, so every row is marginally uniform on 0..L
     (the reference rounds an integer offset: rows b with fractional ``b (L+1) / B`` then skip counts, which biases
     their ELBO); otherwise independent ``x_b ~ U{0..L_b}``."""
-    u = _rand(lengths.shape, generator, lengths.device).double()
+    u = uniform(lengths.shape, generator, lengths.device).double()
     if bool((lengths == lengths[0]).all()):
         span = int(lengths[0]) + 1
         b = torch.arange(len(lengths), device=lengths.device, dtype=torch.float64)
@@ -182,13 +182,13 @@ def block_random_masks(maskable: torch.Tensor, block: int, draws: int, generator
         valid_blocks = int(blocks[maskable[i]].max()) + 1 if maskable[i].any() else 0
         if not valid_blocks:
             continue
-        order = _rand((max(draws, valid_blocks),), generator, maskable.device).argsort() % valid_blocks
+        order = uniform((max(draws, valid_blocks),), generator, maskable.device).argsort() % valid_blocks
         for d in range(draws):
             b = int(order[d % len(order)])
             in_block = maskable[i] & (blocks == b)
             size = int(in_block.sum())
             low, high = max(int(size * t_min), 1), min(int(size * t_max), size)
-            n = low + int(_rand((1,), generator, maskable.device) * (high - low + 1))
+            n = low + int(uniform((1,), generator, maskable.device) * (high - low + 1))
             out[i, d] = (maskable[i] & (blocks > b)) | random_subset(in_block, torch.tensor(min(n, high)), generator)
     return out
 
@@ -210,7 +210,7 @@ def block_stratified_masks(maskable: torch.Tensor, offsets: torch.Tensor, block:
         if not len(present):
             continue
         cells = rows * len(present)
-        tau = torch.remainder(_rand((1,), generator, maskable.device) + torch.arange(cells, device=maskable.device)
+        tau = torch.remainder(uniform((1,), generator, maskable.device) + torch.arange(cells, device=maskable.device)
                               / cells, 1.0).view(rows, len(present))
         for c, b in enumerate(present.tolist()):
             in_block = maskable[i] & (ids == b)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .diffusion import (batch_stratified_counts, block_random_masks, block_stratified_masks, corrupt,
-                        random_subset, stratified_counts)
+                        random_subset, stratified_counts, uniform)
 
 
 @dataclass
@@ -105,8 +105,8 @@ class Coupled:
 
     def corrupt(self, family, batch, generator=None) -> dict:
         completion = batch["completion_ids"]
-        t = self.t_min + (self.t_max - self.t_min) * _draw((1,), generator, completion.device)
-        u = _draw(completion.shape, generator, completion.device)
+        t = self.t_min + (self.t_max - self.t_min) * uniform((1,), generator, completion.device)
+        u = uniform(completion.shape, generator, completion.device)
         attended = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])[:, -completion.shape[1]:]
         noisy_prompt, _ = corrupt(batch["prompt_ids"], batch["prompt_mask"].bool(), self.p_prompt, family.mask_id,
                                   generator)
@@ -224,7 +224,7 @@ class Sandwich:
         maskable = _maskable(batch)
         block = family.block_size or self.block
         region = block_random_masks(maskable, block, self.samples, generator)
-        extra = _draw(region.shape, generator, region.device) < self.p_prompt
+        extra = uniform(region.shape, generator, region.device) < self.p_prompt
         noisy_prompt = [corrupt(batch["prompt_ids"], batch["prompt_mask"].bool(), self.p_prompt, family.mask_id,
                                 generator)[0] for _ in range(self.samples)]
         return {"masks": region | (extra & maskable[:, None]), "noisy_prompt": torch.stack(noisy_prompt, 1)}
@@ -280,11 +280,6 @@ class Autoregressive:
             logps.append(est.logp.view(len(chunk), rows, len(chunk))[pick, :, pick].T)
             entropies.append(est.entropy.view(len(chunk), rows, len(chunk))[pick, :, pick].T)
         return Estimate(torch.cat(logps, -1), torch.cat(entropies, -1))
-
-
-def _draw(shape, generator, device):
-    where = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=where).to(device)
 
 
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,

@@ -36,7 +36,7 @@ class BGPO(Algorithm):
 
     def step_loss(self, model, family, batch, slot, stream, normaliser):
         draws = None if self.streams == 1 else stream
-        value = MCElbo(self.samples).score(model, family, batch, batch["noise"][slot], draw=draws).logp  # [N, k]
+        value = self.estimator().score(model, family, batch, batch["noise"][slot], draw=draws).logp  # [N, k]
         if "old" in batch:
             old = batch["old"][slot] if draws is None else batch["old"][slot][:, draws:draws + 1]
         else:
