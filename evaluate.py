@@ -25,10 +25,9 @@ import tyro
 
 from dare.config import parse
 from dare.engines import HFEngine
-from dare.eval import benchmarks, harness, report
+from dare.eval import harness, report
 from dare.eval.trajectory import write_trajectory_html
 from dare.models import load_pretrained
-from dare.rewards.routing import RewardRouter
 from dare.sampling import SamplingConfig
 
 
@@ -79,27 +78,11 @@ def process_state():
     return PartialState(cpu=not torch.cuda.is_available())
 
 
-def run_benchmarks(args: Args, engine: HFEngine):
-    state = process_state()
-    folder, router, summaries = Path(args.output_dir), RewardRouter(["auto"]), {}
-    names = [b.strip() for b in args.bench.split(",") if b.strip()]
-    loaded = {name: benchmarks.load_benchmark(name, args.data_dir, args.limit) for name in names}  # fail early
-    for name, rows in loaded.items():
-        samples = args.samples or (benchmarks.BENCHMARKS[name].samples if name in benchmarks.BENCHMARKS else 1)
-        indices = list(range(len(rows)))[state.process_index::state.num_processes]
-        harness.run_benchmark(engine, name, rows, indices, samples, args.sampling, router, folder,
-                              state.process_index, args.batch_size, args.seed, state.is_local_main_process)
-        state.wait_for_everyone()
-        records = [r for (i, k), r in harness.done_keys(folder, name).items() if i < len(rows) and k < samples]
-        summaries[name] = harness.summarize(records, args.pass_k)
-    if state.is_main_process:
-        meta = {"model": args.model, "sampling": vars(args.sampling), "limit": args.limit}
-        print(report.write_report(folder, summaries, meta))
-        for name, s in summaries.items():
-            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples, {s['tokens_per_s']:.1f} "
-                  f"tokens/s, {s['forwards_per_token']:.3f} forward passes per token]", file=sys.stderr)
-        print(f"[report: {folder / 'report.md'}, samples: {folder}/samples.*.jsonl]", file=sys.stderr)
-    return summaries
+def run_benchmarks(args: Args, engine: HFEngine) -> dict:
+    return harness.evaluate_benchmarks(
+        engine, [b.strip() for b in args.bench.split(",") if b.strip()], args.sampling, Path(args.output_dir),
+        data_dir=args.data_dir, limit=args.limit, samples=args.samples, pass_k=args.pass_k,
+        batch_size=args.batch_size, seed=args.seed, model_name=args.model, state=process_state())
 
 
 def main(args: Args):

@@ -9,6 +9,7 @@ prompt, output, extracted answer, score, correctness and the sample's share of t
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -82,3 +83,31 @@ def summarize(records: list[dict], ks=(1,)) -> dict:
         if usable:
             summary[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in usable) / len(usable)
     return summary
+
+
+def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_dir: str | None = None,
+                        limit: int | None = None, samples: int | None = None, pass_k=(1,), batch_size: int = 16,
+                        seed: int = 0, model_name: str = "", state=None) -> dict:
+    """Run and score every benchmark in ``names`` (this process's shard of each), then, on the main process, write
+    and print the report. ``state``: accelerate's PartialState (None: a single process)."""
+    from ..rewards.routing import RewardRouter
+    from . import benchmarks, report
+    rank, world = (state.process_index, state.num_processes) if state else (0, 1)
+    router, summaries = RewardRouter(["auto"]), {}
+    loaded = {name: benchmarks.load_benchmark(name, data_dir, limit) for name in names}  # fail before decoding
+    for name, rows in loaded.items():
+        n = samples or (benchmarks.BENCHMARKS[name].samples if name in benchmarks.BENCHMARKS else 1)
+        run_benchmark(engine, name, rows, list(range(len(rows)))[rank::world], n, sampling, router, folder, rank,
+                      batch_size, seed, state is None or state.is_local_main_process)
+        if state:
+            state.wait_for_everyone()
+        records = [r for (i, k), r in done_keys(folder, name).items() if i < len(rows) and k < n]
+        summaries[name] = summarize(records, pass_k)
+    if state is None or state.is_main_process:
+        meta = {"model": model_name, "sampling": vars(sampling), "limit": limit}
+        print(report.write_report(folder, summaries, meta))
+        for name, s in summaries.items():
+            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples, {s['tokens_per_s']:.1f} "
+                  f"tokens/s, {s['forwards_per_token']:.3f} forward passes per token]", file=sys.stderr)
+        print(f"[report: {folder / 'report.md'}, samples: {folder}/samples.*.jsonl]", file=sys.stderr)
+    return summaries
