@@ -9,12 +9,9 @@ so learner = sampler. Positions are streamed (``chunk`` per backward).
 import math
 from dataclasses import dataclass, replace
 
-import torch
-
 from ..likelihood import Autoregressive
 from . import register
 from .base import Algorithm
-from .core import clipped_token_loss, kl_estimate, token_mean
 
 
 @register("justgrpo")
@@ -50,18 +47,10 @@ class JustGRPO(Algorithm):
         return replace(self.estimator(), banned=(family.mask_id,) + ((family.eos_id,) if suppress else ()))
 
     def step_loss(self, model, family, batch, slot, stream, normaliser):
+        """The base token loss on this stream's positions (the normaliser still covers the whole batch)."""
         positions = range(stream * self.chunk, min((stream + 1) * self.chunk, batch["completion_ids"].shape[1]))
         est = self._learner(family).score(model, family, batch, {}, positions)
-        old = batch["old"][slot][:, positions.start:positions.stop] if "old" in batch else est.logp.detach()
-        mask = batch["loss_mask"][:, positions.start:positions.stop]
-        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"], self.eps_low, self.eps_high,
-                                                self.dual_clip)
-        tokens = mask.sum()
-        ratio = torch.exp(est.logp.detach() - old)
-        stats = {"clip_fraction": ((engaged * mask).sum(), tokens), "entropy": ((est.entropy * mask).sum(), tokens),
-                 "ratio": ((ratio * mask).sum(), tokens)}
-        if self.beta:
-            kl = kl_estimate(est.logp, batch["ref"][slot][:, positions.start:positions.stop], self.kl)
-            per_token = per_token + self.beta * kl
-            stats["kl"] = ((kl.detach() * mask).sum(), tokens)
-        return token_mean(per_token, mask, normaliser), stats
+        cols = slice(positions.start, positions.stop)
+        old = batch["old"][slot][:, cols] if "old" in batch else est.logp.detach()
+        ref = batch["ref"][slot][:, cols] if "ref" in batch else None
+        return self.loss(est, {**batch, "loss_mask": batch["loss_mask"][:, cols]}, old, ref, normaliser)
