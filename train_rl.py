@@ -6,11 +6,15 @@
         --rollout.gen-length 16 --output-dir outputs/rl-tiny
     python train_rl.py --config recipes/llada/d1_gsm8k.yaml --resume   # continue from the newest complete checkpoint
     python train_rl.py --algo d1 --help                                  # every knob, the algorithm's included
+    python train_rl.py --algo vrpo --model tiny:llada --preference.path task:addition --max-steps 4 \
+        --prompts-per-step 8 --micro-batch-size 4 --output-dir outputs/vrpo-tiny   # offline: preference pairs
 
 Every field below is a flag; ``--config`` YAML files set the defaults. The algorithm's own knobs (clip range, inner
 iterations, KL weight, its estimator's settings) are the ``--algo-config.*`` flags / the ``algo_config:`` section.
 Metrics (rewards per data source, accuracy, clip fraction, KL, entropy, time split, rollout tokens/s) go to the
-console and to ``report_to``; sample completions to ``<output_dir>/completions.jsonl``.
+console and to ``report_to``; sample completions to ``<output_dir>/completions.jsonl``. An offline algorithm (VRPO)
+trains on preference pairs instead (the ``preference:`` section; no rollout, no reward): ``prompts_per_step`` pairs
+per optimiser step, ``micro_batch_size`` rows (two per pair) per forward/backward.
 """
 
 import dataclasses
@@ -22,12 +26,14 @@ from transformers import TrainingArguments, set_seed
 from dare.algos import get_algorithm
 from dare.config import parse, peek
 from dare.data import RLDataConfig, prompt_rows
+from dare.data.preference import PreferenceDataConfig, pair_rows
 from dare.engines import encode
 from dare.models import load_pretrained
 from dare.models.lora import LoraArgs, apply_lora
 from dare.rewards.routing import RewardRouter
 from dare.sampling import SamplingConfig
 from dare.trainers import fit
+from dare.trainers.preference import PreferenceTrainer
 from dare.trainers.rl import DiffusionRLTrainer
 
 
@@ -40,7 +46,7 @@ class Args:
     data: RLDataConfig = field(default_factory=RLDataConfig)
     rewards: list[str] = field(default_factory=lambda: ["auto"])  # auto | NAME[:W] | SOURCE=NAME[:W] (dare/rewards/routing.py)
     num_generations: int = 8  # completions per prompt (the group of the group advantage)
-    prompts_per_step: int = 16  # prompts per rollout batch, all processes together
+    prompts_per_step: int = 16  # prompts per rollout batch, all processes (offline: pairs per optimiser step)
     micro_batch_size: int = 8  # completions per forward/backward on one device
     rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
     validation: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256))
@@ -56,14 +62,14 @@ class Args:
     max_grad_norm: float = 1.0
     lr_scheduler_type: str = "constant"
     warmup_steps: float = 0.0  # < 1: fraction of the training steps
-    max_steps: int = -1  # optimiser steps (a rollout every num_iterations of them); > 0 overrides num_train_epochs
+    max_steps: int = -1  # optimiser steps (a rollout every num_iterations x mini_batches of them); > 0 overrides epochs
     num_train_epochs: float = 1.0
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
     logging_steps: int = 1
-    save_steps: int = 20  # a multiple of the algorithm's num_iterations
+    save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
     save_total_limit: int = 3
     eval_steps: int = 20  # validate on data.eval_path every N steps (0: never)
     eval_on_start: bool = False  # validate once before training
@@ -77,9 +83,12 @@ class Args:
 def args_class(algo: str):
     """``Args`` with the algorithm's knobs as the ``algo_config`` section."""
     algorithm = get_algorithm(algo)
-    cls = dataclasses.make_dataclass("Args", [("algo_config", algorithm, field(default_factory=algorithm))],
+    offline = getattr(algorithm, "offline", False)
+    extra = [("preference", PreferenceDataConfig, field(default_factory=PreferenceDataConfig))] if offline else []
+    cls = dataclasses.make_dataclass("Args", [("algo_config", algorithm, field(default_factory=algorithm)), *extra],
                                      bases=(Args,))
-    cls.__doc__ = f"Online RL of a diffusion LM with {algo}: {algorithm.__doc__}"
+    cls.__doc__ = f"{'Offline preference optimisation' if offline else 'Online RL'} of a diffusion LM with {algo}: " \
+                  f"{algorithm.__doc__}"
     return cls
 
 
@@ -96,27 +105,20 @@ def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None
 
 
 def batch_shape(args: Args, world: int) -> tuple[int, int]:
-    """(prompts per process, micro-steps per optimiser step = micro-batches x the algorithm's streams)."""
+    """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
+    streams)."""
     if args.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} processes")
     completions = args.prompts_per_step // world * args.num_generations
-    if completions % args.micro_batch_size:
-        raise ValueError(f"{completions} completions per device are not a multiple of "
-                         f"micro_batch_size={args.micro_batch_size}")
-    return args.prompts_per_step // world, completions // args.micro_batch_size * args.algo_config.streams
+    minis = args.algo_config.mini_batches
+    if completions % (args.micro_batch_size * minis):
+        raise ValueError(f"{completions} completions per device are not a multiple of micro_batch_size="
+                         f"{args.micro_batch_size} x mini_batches={minis}")
+    return args.prompts_per_step // world, completions // args.micro_batch_size // minis * args.algo_config.streams
 
 
-def main(args: Args) -> DiffusionRLTrainer:
-    set_seed(args.seed)
-    RewardRouter(args.rewards)  # unknown reward names fail before the model loads
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    train = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
-    evaluation = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split, args.data.eval_limit)
-                  if args.data.eval_path else None)
-    validate = evaluation is not None and args.eval_steps > 0
-    training_args = TrainingArguments(
+def training_arguments(args: Args, validate: bool) -> TrainingArguments:
+    return TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, optim=args.optim, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
         lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
@@ -126,7 +128,21 @@ def main(args: Args) -> DiffusionRLTrainer:
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
         eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
         dataloader_pin_memory=False)
-    sampling = args.algo_config.sampling(args.rollout)  # what the rollout must record (and, for some, streams)
+
+
+def main(args: Args) -> DiffusionRLTrainer | PreferenceTrainer:
+    if getattr(type(args.algo_config), "offline", False):
+        return main_offline(args)
+    set_seed(args.seed)
+    RewardRouter(args.rewards)  # unknown reward names fail before the model loads
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    train = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
+    evaluation = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split, args.data.eval_limit)
+                  if args.data.eval_path else None)
+    training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
+    sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
     training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
         args, training_args.world_size)
     trainer = DiffusionRLTrainer(
@@ -135,6 +151,30 @@ def main(args: Args) -> DiffusionRLTrainer:
         eval_sampling=args.validation, num_generations=args.num_generations,
         rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
         log_completions=args.log_completions)
+    merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
+    return fit(trainer, args.resume, merged)
+
+
+def main_offline(args: Args) -> PreferenceTrainer:
+    """Offline preference optimisation on ``args.preference`` pairs (the rollout, reward and RL-data knobs unused)."""
+    set_seed(args.seed)
+    data = args.preference
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    train = pair_rows(data.path, data.split, data, data.limit)
+    evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
+    training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
+    world = training_args.world_size
+    if args.micro_batch_size % 2 or args.prompts_per_step % (world * args.micro_batch_size // 2):
+        raise ValueError(f"micro_batch_size={args.micro_batch_size} must be even (chosen + rejected rows) and "
+                         f"prompts_per_step={args.prompts_per_step} pairs a multiple of micro_batch_size / 2 x "
+                         f"{world} processes")
+    pairs = args.micro_batch_size // 2
+    training_args.per_device_train_batch_size = training_args.per_device_eval_batch_size = pairs
+    training_args.gradient_accumulation_steps = args.prompts_per_step // (world * pairs)
+    trainer = PreferenceTrainer(model, training_args, algorithm=args.algo_config, family=family,
+                                processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 

@@ -1,14 +1,16 @@
-"""Every registered algorithm on the same learnable tiny task, side by side: held-out accuracy before / after RL,
-the mean training reward of the first and last quarter, seconds per optimiser step, and model forward passes
-per completion and rollout batch for training (old/reference passes included, rollout excluded).
+"""Every online algorithm on the same learnable tiny task, side by side: held-out accuracy before / after RL,
+the mean training reward of the first and last quarter, seconds per optimiser step (median) and per rollout batch
+(the whole run / rollouts, both validations included), and model forward passes per completion and rollout batch
+for training (old/reference passes included, rollout excluded).
 
-    python bench/bench_algos.py                          # tiny LLaDA (EBPO: tiny SDAR), 60 rollouts each, ~20 min
+    python bench/bench_algos.py                          # tiny LLaDA (EBPO: tiny SDAR), 60 rollouts each, ~35 min
     python bench/bench_algos.py --algos d1 bgpo --rollouts 20
 
 Setup (tests/test_rl_learns.py's): a tiny model SFT'd 600 steps on generated single-digit sums answers ~18 % of
 held-out prompts; each algorithm then gets ``--rollouts`` rollout batches of 16 prompts x 8 completions (T = 1,
 lr 3e-4, 12 tokens), i.e. ``rollouts x num_iterations`` optimiser steps, with its own defaults otherwise (K = 16
-for BGPO/EBPO, mu = 8 for ESPO). Accuracy: greedy, 200 held-out prompts. Each run is a forked child.
+for BGPO/EBPO, mu = 8 for ESPO, mu = 12 and trees of 2 x 4 leaves for d-TreeRPO, all 12 steps for CJ-GRPO and
+MDPO). Accuracy: greedy, 200 held-out prompts. Each run is a forked child. VRPO (offline): bench/bench_vrpo.py.
 """
 
 import argparse
@@ -66,7 +68,7 @@ def rl(algo, model, train, test, rollouts, queue):
     Family.logits = counted
     DiffusionRLTrainer.compute_loss = counting(DiffusionRLTrainer.compute_loss)
     DiffusionRLTrainer._score_old_and_reference = counting(DiffusionRLTrainer._score_old_and_reference)
-    mu = get_algorithm(algo)().num_iterations
+    mu = get_algorithm(algo)().cycle
     with tempfile.TemporaryDirectory() as out:
         a = train_rl.args_class(algo)(model=model, output_dir=out, max_steps=rollouts * mu, prompts_per_step=16,
                                       num_generations=8, micro_batch_size=128, learning_rate=3e-4,
@@ -91,7 +93,7 @@ def rl(algo, model, train, test, rollouts, queue):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algos", nargs="+", default=known())
+    p.add_argument("--algos", nargs="+", default=[a for a in known() if not getattr(get_algorithm(a), "offline", False)])
     p.add_argument("--rollouts", type=int, default=60)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,8 +102,8 @@ def main():
         models = {}
         print(f"{args.rollouts} rollout batches of 16 prompts x 8 completions per algorithm\n")
         print("| algorithm | model | mu | held-out acc before | after | train reward first 1/4 | last 1/4 | "
-              "s / opt. step | train forwards per completion | total s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "s / opt. step | s / rollout batch | train forwards per completion | total s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for algo in args.algos:
             families = get_algorithm(algo).families
             family = "llada" if families is None or "llada" in families else "sdar"
@@ -109,7 +111,8 @@ def main():
                 models[family] = in_child(sft, family, f"{tmp}/sft-{family}", train)
             r = in_child(rl, algo, models[family], train, test, args.rollouts)
             print(f"| {algo} | tiny {family} | {r['mu']} | {r['before']:.3f} | {r['after']:.3f} | {r['first']:.3f} | "
-                  f"{r['last']:.3f} | {r['step']:.2f} | {r['forwards']:.0f} | {r['seconds']:.0f} |", flush=True)
+                  f"{r['last']:.3f} | {r['step']:.2f} | {r['seconds'] / args.rollouts:.2f} | {r['forwards']:.0f} | "
+                  f"{r['seconds']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

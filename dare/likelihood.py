@@ -9,7 +9,8 @@ The contract every estimator follows (so an algorithm file only picks one and it
   ``[x_t ‖ x_0]`` layout are handled once.
 
 ``batch`` holds ``prompt_ids``/``prompt_mask`` ``[N, P]`` (left-padded) and ``completion_ids``/``completion_mask``
-``[N, R]`` (the rollout's mask: up to and including the first stop token).
+``[N, R]`` (the rollout's mask: up to and including the first stop token). An optional ``attention_mask``
+``[N, P+R]`` replaces the rollout's attention (``rollout_attention``): offline pairs attend no padding in any family.
 
 ``batch["loss_mask"]`` marks the completion tokens an estimate is about (the maskable ones of the ELBO estimators).
 Estimators with several Monte-Carlo draws score one draw with ``score(..., draw=j)`` so an algorithm can stream
@@ -17,11 +18,14 @@ them (one graph alive at a time). Untempered logits everywhere except the AR est
 
 mean_field  d1: completion fully masked, prompt tokens masked w.p. p_prompt; per-token log p, one forward.
 coupled     Coupled-GRPO: full-mask pass + a complementary pair (t ~ U[t_min, t_max]) weighted 1/t, 1/(1-t).
-mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]``.
+mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]`` (VRPO: no / L).
 block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward; ``[N]``.
 seq_elbo    ESPO: batch-stratified counts in [0, L], complementary second half; ``E / L`` per draw ``[N, K]``.
 sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
 ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
+trajectory  CJ-GRPO: the rollout's own decoding steps replayed, each token scored from the state that committed it.
+step_prediction  MDPO: each recorded step's whole-canvas prediction scored from the canvas before that step.
+edge_transition  d-TreeRPO: a tree node's children scored from the node's state, one forward for all of them.
 """
 
 from dataclasses import dataclass
@@ -46,11 +50,14 @@ def rollout_attention(family, prompt_mask: torch.Tensor, completion_mask: torch.
 
 
 def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float = 1.0, banned: tuple = (),
-                 positions: torch.Tensor | None = None) -> Estimate:
+                 positions: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> Estimate:
     """``log p(y_k | noisy)`` for the completion positions of ``prompt ‖ completion`` (all of them, or the completion
-    indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler)."""
+    indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler).
+    ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
-    attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    attention = batch.get("attention_mask")
+    if attention is None:
+        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
     logits = family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
@@ -62,6 +69,8 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
     logp = logits.log_softmax(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp.masked_fill(torch.isinf(logp), 0)).sum(-1)
+    if targets is not None:
+        return Estimate(logp.gather(-1, targets.transpose(1, 2)).transpose(1, 2), entropy)
     targets = completion if positions is None else completion[:, positions]
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
 
@@ -128,9 +137,11 @@ class Coupled:
 @dataclass
 class MCElbo:
     """BGPO's K-sample ELBO: draw j masks ``x_j`` (stratified, 1..L) random completion tokens, ``p_j = x_j / L``;
-    ``e_j = sum_masked log p(y_k | z_j) / p_j / L``. Returns ``[N, K]`` (or ``[N, 1]`` for one draw)."""
+    ``e_j = sum_masked log p(y_k | z_j) / p_j / L``. Returns ``[N, K]`` (or ``[N, 1]`` for one draw). With
+    ``per_token=False`` the values are not divided by L: ``(L / x_j) sum_masked log p`` (VRPO's sequence ELBO)."""
 
     samples: int = 16
+    per_token: bool = True
 
     def corrupt(self, family, batch, generator=None) -> dict:
         maskable = _maskable(batch)
@@ -146,7 +157,8 @@ class MCElbo:
         for j in draws:
             masked = noise["masks"][:, j]
             logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
-            values.append((logp * masked).sum(-1) / noise["p"][:, j].clamp(min=1e-12) / length)
+            value = (logp * masked).sum(-1) / noise["p"][:, j].clamp(min=1e-12)
+            values.append(value / length if self.per_token else value)
         return Estimate(torch.stack(values, -1))
 
 
@@ -282,8 +294,68 @@ class Autoregressive:
         return Estimate(torch.cat(logps, -1), torch.cat(entropies, -1))
 
 
+@dataclass
+class Trajectory:
+    """CJ-GRPO's replay of the rollout's decoding path. ``batch["steps"]`` ``[N, R]`` holds the step that committed
+    each completion token (-1: never decoded): global steps for masked families, block-local ones for block
+    families. The state before step s shows the tokens of steps < s and masks the rest; with the ``[x_t ‖ x_0]``
+    layout every block's noisy copy replays its own local step s while the clean copy gives the finished earlier
+    blocks. ``score(..., step=s)``: log-probs of every position from the state before s (one forward); without
+    ``step``: each token's log-prob at the step that committed it (one forward per step)."""
+
+    steps: int = 1
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        return {}
+
+    def score(self, model, family, batch, noise, step: int | None = None) -> Estimate:
+        if step is not None:
+            hidden = (batch["steps"] >= step) | (batch["steps"] < 0)
+            completion = batch["completion_ids"].masked_fill(hidden, family.mask_id)
+            return score_tokens(model, family, batch, torch.cat([batch["prompt_ids"], completion], 1))
+        logp = torch.zeros(batch["steps"].shape, device=batch["steps"].device)
+        entropy = torch.zeros_like(logp)
+        for s in range(self.steps):
+            at = batch["steps"] == s
+            if at.any():
+                est = self.score(model, family, batch, noise, s)
+                logp, entropy = torch.where(at, est.logp, logp), torch.where(at, est.entropy, entropy)
+        return Estimate(logp, entropy)
+
+
+@dataclass
+class StepPrediction:
+    """MDPO's per-step likelihood: for recorded steps ``batch["states"]`` ``[N, K, R]`` (the canvas before the step)
+    and ``batch["targets"]`` (that step's whole-canvas prediction), ``log p(target_k | state)`` at every position
+    ``[N, K, R]`` (or ``[N, R]`` for one ``step``), one forward per step."""
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        return {}
+
+    def score(self, model, family, batch, noise, step: int | None = None) -> Estimate:
+        if step is None:
+            ests = [self.score(model, family, batch, noise, k) for k in range(batch["states"].shape[1])]
+            return Estimate(torch.stack([e.logp for e in ests], 1), torch.stack([e.entropy for e in ests], 1))
+        noisy = torch.cat([batch["prompt_ids"], batch["states"][:, step]], 1)
+        return score_tokens(model, family, {**batch, "completion_ids": batch["targets"][:, step]}, noisy)
+
+
+@dataclass
+class EdgeTransition:
+    """d-TreeRPO's edge likelihood: ``batch["completion_ids"]`` holds parent states and ``batch["children"]``
+    ``[N, C, R]`` their children; ``log p(child_k | parent)`` for every child from one forward per parent."""
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        return {}
+
+    def score(self, model, family, batch, noise) -> Estimate:
+        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        return score_tokens(model, family, batch, noisy, targets=batch["children"])
+
+
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
-              "seq_elbo": SequenceElbo, "sandwich": Sandwich, "ar": Autoregressive}
+              "seq_elbo": SequenceElbo, "sandwich": Sandwich, "ar": Autoregressive, "trajectory": Trajectory,
+              "step_prediction": StepPrediction, "edge_transition": EdgeTransition}
 
 
 def estimator(name: str, **knobs):

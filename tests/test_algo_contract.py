@@ -9,12 +9,16 @@ import torch
 
 import train_rl
 from dare.algos import get_algorithm, known
+from dare.algos.base import Algorithm
+from dare.engines import HFEngine
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig
 from test_train_rl import data, history, rl_args, weights  # noqa: F401  (fixture + helpers)
 
 FAMILIES = ("llada", "dream", "sdar", "llada2")
-FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {}}
+FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {},
+        "d-treerpo": {"num_iterations": 1, "branch": 2}, "mdpo": {"train_steps": 3}}
+ONLINE = [a for a in known() if not getattr(get_algorithm(a), "offline", False)]  # offline: tests/test_vrpo.py
 
 
 def knobs(algo, **extra):
@@ -27,7 +31,7 @@ def supported(algo, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("algo", known())
+@pytest.mark.parametrize("algo", ONLINE)
 def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):  # noqa: F811
     cls = get_algorithm(algo)
     extra = {"num_iterations": 2} if cls.uses_ratio else {}
@@ -49,7 +53,7 @@ def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):
         assert first["kl"] == 0.0, "the reference must see the same noise as the policy"
 
 
-@pytest.mark.parametrize("algo", known())
+@pytest.mark.parametrize("algo", ONLINE)
 def test_loss_does_not_depend_on_micro_batches_or_streaming(algo, data, tmp_path):  # noqa: F811
     family = "llada" if supported(algo, "llada") else "sdar"
     runs = {"one": dict(micro_batch_size=8), "four": dict(micro_batch_size=2)}
@@ -67,7 +71,7 @@ def test_loss_does_not_depend_on_micro_batches_or_streaming(algo, data, tmp_path
         assert worst < 1e-6, f"{name}: {worst}"
 
 
-@pytest.mark.parametrize("algo", known())
+@pytest.mark.parametrize("algo", ONLINE)
 def test_empty_and_all_eos_completions_are_finite(algo):
     family_name = "llada" if supported(algo, "llada") else "sdar"
     model, tok = tiny(family_name)
@@ -84,7 +88,15 @@ def test_empty_and_all_eos_completions_are_finite(algo):
              "completion_mask": completion_mask, "loss_mask": loss_mask,
              "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)}
     algorithm = get_algorithm(algo)(**FAST.get(algo, {})).validate(fam)
-    algorithm.sampling(SamplingConfig(gen_length=8))
+    config = algorithm.sampling(SamplingConfig(gen_length=8), fam)
+    if type(algorithm).make_batch is not Algorithm.make_batch:  # rows built from rollout records: roll out all-EOS
+        add = torch.zeros(fam.vocab_size, dtype=torch.float64)
+        add[fam.eos_id] = 50.0
+        model.get_output_embeddings().register_forward_hook(lambda module, args, out: out + add)
+        rollout = algorithm.rollout(HFEngine(model, tok, fam), ["a", "b c"], 2, config, 0)
+        assert (rollout.completion_ids == fam.eos_id).all()
+        batch = algorithm.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2,
+                                     lambda ids, rows: torch.zeros(len(ids)), 0)
     batch["noise"] = [algorithm.corrupt(fam, batch, g)]
     if algorithm.beta:
         with torch.no_grad():

@@ -229,7 +229,7 @@ def test_justgrpo_sampler_is_the_learner(family_name):
     argmax of the learner's distribution at that position."""
     model, fam, batch = setup(family_name, rows=2, length=8)
     algo = get_algorithm("justgrpo")()
-    config = algo.sampling(SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"))
+    config = algo.sampling(SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"), fam)
     out = generate(model, fam, batch["prompt_ids"], batch["prompt_mask"], config)
     assert torch.equal(out.step_map, torch.arange(8).expand(2, 8))
     batch["completion_ids"] = out.sequences

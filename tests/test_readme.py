@@ -89,6 +89,10 @@ def test_tiny_rl_command_runs_as_written(tmp_path):
     assert (out / "model.safetensors").exists() and (out / "completions.jsonl").exists()
 
 
+def test_tiny_preference_command_runs_as_written(tmp_path):
+    assert (run_readme_line("python train_rl.py --algo vrpo --model tiny:", tmp_path) / "model.safetensors").exists()
+
+
 def test_algorithm_matrix_is_generated_from_the_registry():
     from dare.algos import matrix
     block = README.split("<!-- algorithm-matrix -->\n")[1].split("<!-- /algorithm-matrix -->")[0]

@@ -40,6 +40,11 @@ def rl_args(data, out, algo="d1", **kw):
     args.data.path, args.data.eval_path = data
     args.rollout.gen_length = args.validation.gen_length = 8
     args.rollout.temperature = 1.0
+    return set_fields(args, **kw)
+
+
+def set_fields(args, **kw):
+    """``args`` with ``a__b=value`` keyword arguments set as ``args.a.b = value``."""
     for key, value in kw.items():
         target = args
         *parents, leaf = key.split("__")
@@ -164,3 +169,18 @@ def test_clear_errors_for_bad_input(data, tmp_path):
         train_rl.main(rl_args(data, tmp_path, data__prompt_key="question"))
     with pytest.raises(ValueError, match="no prompt fits data.max_prompt_length=5"):
         train_rl.main(rl_args(data, tmp_path, data__max_prompt_length=5))
+
+
+def test_mini_batches_split_a_rollout_into_optimiser_steps(data, tmp_path):  # noqa: F811
+    """mini_batches=2: one rollout, two optimiser steps on its halves (the second off-policy: ratio != 1, old
+    log-probs from the rollout policy); the result does not depend on the micro-batch size."""
+    for name, micro in (("four", 4), ("two", 2)):
+        train_rl.main(rl_args(data, tmp_path / name, micro_batch_size=micro, optim="sgd", learning_rate=1.0,
+                              algo_config__mini_batches=2, algo_config__beta=0.0))
+    steps = [h for h in history(tmp_path / "four", 2) if "loss" in h]
+    assert len(steps) == 2 and "reward" in steps[0] and "reward" not in steps[1]  # one rollout for both steps
+    assert steps[0]["ratio"] == 1.0 and steps[1]["ratio"] != 1.0
+    four, two = weights(tmp_path / "four" / "checkpoint-2"), weights(tmp_path / "two" / "checkpoint-2")
+    assert max((four[k] - two[k]).abs().max().item() for k in four) < 1e-6
+    with pytest.raises(ValueError, match="mini_batches=3"):
+        train_rl.main(rl_args(data, tmp_path / "bad", algo_config__mini_batches=3))

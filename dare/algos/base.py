@@ -1,9 +1,9 @@
 """The plug-in contract of an RL algorithm, with plain GRPO on a per-token likelihood estimate as its behaviour.
 
-The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> ``advantages`` -> ``corrupt`` for
-each inner iteration (noise, stored and shared by the old / reference / current policy) -> old and reference
-``score`` without gradients (only when needed) -> for every micro-batch and each of its ``streams``: ``step_loss``
--> backward. Streams split one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a
+The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> ``make_batch`` (training rows; by
+default one per completion with its ``advantages``) -> ``corrupt`` for each inner iteration (noise, stored and
+shared by the old / reference / current policy) -> old and reference ``score`` without gradients (only when
+needed) -> for every mini-batch, micro-batch and each of its ``streams``: ``step_loss`` -> backward. Streams split one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a
 position): memory stays that of one piece, and the sum is the unstreamed loss. An algorithm file subclasses
 :class:`Algorithm` and overrides only the hooks where it differs. Its dataclass fields are its knobs: they become
 ``--algo-config.*`` flags and the ``algo_config:`` section of a recipe.
@@ -27,7 +27,8 @@ KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
 class Algorithm:
     """GRPO-family defaults (DARE's generic recipe values)."""
 
-    num_iterations: int = 1  # mu: optimiser steps per rollout batch (old log-probs come from the rollout policy)
+    num_iterations: int = 1  # mu: passes over each rollout batch (old log-probs come from the rollout policy)
+    mini_batches: int = 1  # optimiser steps per pass, each on 1/M of the rollout (verl's ppo_mini_batch_size)
     resample_noise: bool = True  # draw new noise for each inner iteration (papers) instead of once per rollout (DARE)
     eps_low: float = 0.2  # PPO clip: ratio floor 1 - eps_low
     eps_high: float = 0.2  # PPO clip: ratio ceiling 1 + eps_high
@@ -41,25 +42,29 @@ class Algorithm:
     families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
     why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
+    offline: ClassVar[bool] = False  # trains on a fixed dataset (preference pairs), no rollout
+    own_advantages: ClassVar[tuple[str, ...]] = ()  # advantage names an algorithm computes itself (MDPO, d-TreeRPO)
 
     def validate(self, family) -> "Algorithm":
         if self.families is not None and family.name not in self.families:
             raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
                              f"{', '.join(self.families)}")
-        if self.num_iterations < 1:
-            raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.num_iterations < 1 or self.mini_batches < 1:
+            raise ValueError(f"num_iterations and mini_batches must be >= 1, got {self.num_iterations}, "
+                             f"{self.mini_batches}")
         if self.eps_low < 0 or self.eps_high < 0:
             raise ValueError(f"clip epsilons must be >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-        for knob, value, allowed in (("advantage", self.advantage, ADVANTAGES), ("loss_mask", self.loss_mask, LOSS_MASKS),
+        for knob, value, allowed in (("advantage", self.advantage, ADVANTAGES + self.own_advantages),
+                                     ("loss_mask", self.loss_mask, LOSS_MASKS),
                                      ("kl", self.kl, KL_ESTIMATORS)):
             if value not in allowed:
                 raise ValueError(f"Unknown {knob} {value!r}; known: {list(allowed)}")
         return self
 
     # -- rollout ------------------------------------------------------------------------------------------------
-    def sampling(self, config: SamplingConfig) -> SamplingConfig:
+    def sampling(self, config: SamplingConfig, family) -> SamplingConfig:
         """The sampling config the rollout needs (e.g. recorded states); default: as given."""
         return config
 
@@ -68,6 +73,15 @@ class Algorithm:
 
     def advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
         return group_advantages(rewards, group_size, self.advantage)
+
+    def make_batch(self, family, rollout, rewards: torch.Tensor, group_size: int, reward_of, step: int) -> dict:
+        """The training rows of one rollout (every tensor's first dimension is the row; the trainer splits them
+        into micro-batches). ``rewards`` are the completions' scores; ``reward_of(ids, rows)`` scores other token
+        sequences ``[M, R]`` as completions of rollout rows ``rows`` (intermediate predictions); ``step`` is the
+        optimiser step of the rollout (for schedules). Default: one row per completion."""
+        return {"prompt_ids": rollout.prompt_ids, "prompt_mask": rollout.prompt_mask,
+                "completion_ids": rollout.completion_ids, "completion_mask": rollout.completion_mask,
+                "loss_mask": self.loss_mask_for(family, rollout), "advantages": self.advantages(rewards, group_size)}
 
     def loss_mask_for(self, family, rollout) -> torch.Tensor:
         """``upto_first_eos``: the rollout's completion mask; ``all``: every completion position the model attends
@@ -100,8 +114,14 @@ class Algorithm:
         ref = batch["ref"][slot] if "ref" in batch else None
         return self.loss(estimate, batch, old, ref, normaliser)
 
+    @property
+    def cycle(self) -> int:
+        """Optimiser steps per rollout batch."""
+        return self.num_iterations * self.mini_batches
+
     def normaliser(self, batch: dict) -> torch.Tensor:
-        """What the loss is averaged over (summed over the whole rollout batch on every rank): loss tokens."""
+        """What the loss is averaged over: a count (scalar, or a vector of several counts) that adds up over rows;
+        the trainer sums it over each mini-batch on every rank. Default: loss tokens."""
         return batch["loss_mask"].sum()
 
     def loss(self, estimate: Estimate, batch: dict, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,

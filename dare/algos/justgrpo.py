@@ -22,7 +22,7 @@ class JustGRPO(Algorithm):
     chunk: int = 1  # positions scored per forward / backward
     loss_mask: str = "all"
 
-    def sampling(self, config):
+    def sampling(self, config, family):
         one_per_step = dict(remasking="left_to_right", schedule="linear", threshold=None, factor=None, top_k=None,
                             top_p=None, alg_temp=None, editing_threshold=None,
                             cache=None if config.cache in ("prefix", "dual") else config.cache)

@@ -20,7 +20,12 @@ class Rollout:
     texts: list[str]
     nfe: int = 0  # model forward calls, summed over micro-batches
     seconds: float = 0.0
-    states: list[torch.Tensor] = field(default_factory=list)
+    states: list[torch.Tensor] = field(default_factory=list)  # with record_states: the canvas after each step
+    predictions: list[torch.Tensor] = field(default_factory=list)  # each step's whole-canvas prediction
+    confidences: list[torch.Tensor] = field(default_factory=list)  # probability of each predicted token
+    replay_ids: torch.Tensor | None = None  # block families: decoded tokens with the stop token's block complete
+    replay_step: torch.Tensor | None = None  # their block-local steps (-1: not decoded)
+    records: dict = field(default_factory=dict)  # algorithm-specific rollout records (e.g. a tree's inner nodes)
 
     @property
     def num_tokens(self) -> int:

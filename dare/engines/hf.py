@@ -23,6 +23,17 @@ def encode(tokenizer, prompts: list) -> list[list[int]]:
     return out
 
 
+def decode_completions(tokenizer, family, completion: torch.Tensor, generated: torch.Tensor | None = None):
+    """The completion mask (generated tokens up to and including the first stop token) and the texts (up to, not
+    including, the first stop token; special tokens skipped) of ``[N, R]`` completion ids."""
+    is_stop = torch.isin(completion, torch.tensor(family.stop_ids, device=completion.device))
+    mask = ~after_first(is_stop)
+    if generated is not None:
+        mask &= generated
+    texts = [tokenizer.decode(c[m & ~s], skip_special_tokens=True) for c, m, s in zip(completion, mask, is_stop)]
+    return mask.long(), texts
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
         self.model, self.tokenizer, self.family = model, tokenizer, family
@@ -32,7 +43,10 @@ class HFEngine:
         return encode(self.tokenizer, prompts)
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
-                 seed: int | None = None) -> Rollout:
+                 seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
+                 to_step: int | None = None) -> Rollout:
+        """``n`` completions per prompt (prompt-major). ``canvas``/``from_step``/``to_step``: resume each row's
+        partial decoding (masked families; one canvas row per output row), see ``dare.sampling.generate``."""
         config = config or SamplingConfig()
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
@@ -47,8 +61,9 @@ class HFEngine:
         try:
             for i in range(0, len(ids), self.max_batch_size):
                 prompt_ids, prompt_mask = self._left_pad(ids[i:i + self.max_batch_size], device)
-                parts.append((prompt_ids, prompt_mask,
-                              generate(self.model, self.family, prompt_ids, prompt_mask, config, generator)))
+                partial = None if canvas is None else canvas[i:i + self.max_batch_size].to(device)
+                parts.append((prompt_ids, prompt_mask, generate(self.model, self.family, prompt_ids, prompt_mask,
+                                                                config, generator, partial, from_step, to_step)))
         finally:
             self.model.train(was_training)
         seconds = time.perf_counter() - start
@@ -57,16 +72,20 @@ class HFEngine:
         prompt_mask = torch.cat([F.pad(m, (width - m.shape[1], 0)) for _, m, _ in parts])
         completion = torch.cat([g.sequences for _, _, g in parts])
         step_map = torch.cat([g.step_map for _, _, g in parts])
-        is_stop = torch.isin(completion, torch.tensor(self.family.stop_ids, device=completion.device))
-        completion_mask = (~after_first(is_stop) & (step_map >= 0)).long()  # up to and including the first stop
-        texts = [self.tokenizer.decode(c[m.bool() & ~s], skip_special_tokens=True)
-                 for c, m, s in zip(completion, completion_mask, is_stop)]
+        generated = step_map >= 0
+        if canvas is not None:  # a resumed decoding: the canvas's tokens were generated earlier
+            generated |= canvas.to(generated.device) != self.family.mask_id
+        completion_mask, texts = decode_completions(self.tokenizer, self.family, completion, generated)
         if len({len(g.states) for _, _, g in parts}) > 1:
             raise ValueError("record_states with micro-batches that took different step counts: raise "
                              "max_batch_size so all prompts decode together")
+        steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts])]  # noqa: E731
+        replay = parts[0][2].replay_ids is not None
         return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,
                        torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),
-                       seconds, [torch.cat(s) for s in zip(*[g.states for _, _, g in parts])])
+                       seconds, steps("states"), steps("predictions"), steps("confidences"),
+                       torch.cat([g.replay_ids for _, _, g in parts]) if replay else None,
+                       torch.cat([g.replay_step for _, _, g in parts]) if replay else None)
 
     def _left_pad(self, rows: list[list[int]], device):
         width = max(map(len, rows))

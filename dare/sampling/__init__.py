@@ -24,7 +24,7 @@ class SamplingConfig:
     top_k: int | None = None
     top_p: float | None = None
     remasking: str | None = None  # confidence used to pick positions (CONFIDENCE, + "origin" for Dream); None = family's
-    schedule: str | None = None  # tokens per step: "linear" (LLaDA even split) or "dream" (floor(m*(1-s/t))); None = family's
+    schedule: str | None = None  # tokens per step: "linear" (LLaDA even split), "dream" (floor(m*(1-s/t))) or "ascending" (2^j, CJ-GRPO's ASS; default steps log2(block+1)); None = family's
     eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
     alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
     threshold: float | None = None  # parallel decoding: commit every position with confidence >= threshold
@@ -36,7 +36,8 @@ class SamplingConfig:
     cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
     stop_at_eos: bool = True  # block families: stop a sequence once a stop token is generated
-    record_states: bool = False  # also return the canvas after every step (MDPO-style records)
+    eos_early_rejection: float | None = None  # CJ-GRPO's EOSER: EOS confidence x gamma rising from this to 1 over the steps
+    record_states: bool = False  # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and its probability, MDPO)
 
     def resolve(self, family) -> "SamplingConfig":
         """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence)."""
@@ -46,8 +47,14 @@ class SamplingConfig:
         known = sorted([*CONFIDENCE, "origin"])
         if self.remasking not in known:
             raise ValueError(f"Unknown remasking algorithm {self.remasking!r}; known: {known}")
-        if self.schedule not in ("linear", "dream"):
-            raise ValueError(f"Unknown schedule {self.schedule!r}; known: ['dream', 'linear']")
+        if self.schedule not in ("linear", "dream", "ascending"):
+            raise ValueError(f"Unknown schedule {self.schedule!r}; known: ['ascending', 'dream', 'linear']")
+        if self.eos_early_rejection is not None:
+            if not 0 < self.eos_early_rejection <= 1:
+                raise ValueError(f"eos_early_rejection must be in (0, 1], got {self.eos_early_rejection}")
+            if self.remasking not in ("low_confidence", "maskgit_plus", "margin"):
+                raise ValueError("eos_early_rejection scales a probability confidence: use remasking "
+                                 f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
         if self.cache not in (None, "none", "prefix", "dual", "block"):
             raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
         if self.threshold_floor not in ("one", "schedule"):
@@ -63,17 +70,44 @@ class SamplingConfig:
         return self
 
 
+def step_budget(config: SamplingConfig, family) -> int:
+    """The most denoising steps a decoding with ``config`` can take: in total for masked families, per block for
+    block families (threshold decoding commits at least one token per step)."""
+    from .primitives import ascending_steps
+    config = config.resolve(family)
+    dynamic = config.threshold is not None or config.factor is not None
+    if family.is_block_diffusion:
+        block = family.block_size
+        if dynamic:
+            return block
+        return config.steps or (ascending_steps(block) if config.schedule == "ascending" else block)
+    block = config.block_length or config.gen_length
+    if dynamic:
+        return config.gen_length
+    if config.steps:
+        return config.steps
+    return ascending_steps(block) * (config.gen_length // block) if config.schedule == "ascending" else config.gen_length
+
+
 @dataclass
 class Generation:
     """``sequences`` holds the generated region only ``[N, gen_length]``. ``step_map`` is the global step at which
     each token was fixed and ``block_step`` the step inside its block (-1: never generated, e.g. after an early
-    stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded."""
+    stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded;
+    ``predictions[k]``/``confidences[k]`` the whole-canvas proposal of step k (decoded tokens kept) and the
+    probability of each proposed token (0 where already decoded; masked families). ``replay_ids``/``replay_step``
+    (block families that stopped early): the decoded tokens with the stop block complete (the tokens after the
+    stop token in its block were decoded and seen by later steps of that block) and their block steps."""
 
     sequences: torch.Tensor
     step_map: torch.Tensor
     block_step: torch.Tensor
     nfe: int = 0  # model forward calls
     states: list[torch.Tensor] = field(default_factory=list)
+    predictions: list[torch.Tensor] = field(default_factory=list)
+    confidences: list[torch.Tensor] = field(default_factory=list)
+    replay_ids: torch.Tensor | None = None
+    replay_step: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -81,8 +115,11 @@ class Generation:
 
 
 def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
-             config: SamplingConfig | None = None, generator: torch.Generator | None = None) -> Generation:
-    """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler."""
+             config: SamplingConfig | None = None, generator: torch.Generator | None = None,
+             canvas: torch.Tensor | None = None, from_step: int = 0, to_step: int | None = None) -> Generation:
+    """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler. Masked families can
+    resume a partial decoding: ``canvas`` is the generated region so far (masks where undecoded) and only the
+    scheduled steps ``from_step .. to_step - 1`` run (tree rollouts)."""
     from .block import generate_block
     from .masked import generate_masked
     config = (config or SamplingConfig()).resolve(family).validate()
@@ -91,9 +128,16 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     if bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
         raise ValueError("Prompts must be left-padded (padding before the prompt, generation follows it); got "
                          "right padding. With apply_chat_template pass tokenizer_kwargs={'padding_side': 'left'}.")
-    sampler = generate_block if family.is_block_diffusion else generate_masked
     with torch.no_grad():
-        return sampler(model, family, prompt_ids, prompt_mask.long(), config, generator)
+        if family.is_block_diffusion:
+            if canvas is not None or from_step or to_step is not None:
+                raise ValueError(f"{family.name}: resuming from a partial canvas is implemented for masked-diffusion "
+                                 "families only")
+            return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator)
+        if canvas is not None and canvas.shape != (prompt_ids.shape[0], config.gen_length):
+            raise ValueError(f"canvas must be [{prompt_ids.shape[0]}, {config.gen_length}], got {tuple(canvas.shape)}")
+        return generate_masked(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas, from_step,
+                               to_step)
 
 
-__all__ = ["Generation", "SamplingConfig", "generate"]
+__all__ = ["Generation", "SamplingConfig", "generate", "step_budget"]

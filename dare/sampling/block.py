@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .cache import truncate
-from .primitives import after_first, decode_step, linear_schedule
+from .primitives import after_first, ascending_schedule, ascending_steps, decode_step, eos_factor, linear_schedule
 
 
 def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
@@ -29,7 +29,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
     cache_mode = cfg.cache or "block"
     if cache_mode not in ("block", "none"):
         raise ValueError(f"{family.name} is a block-diffusion family: cache must be 'block' or 'none'")
-    steps = cfg.steps or block
+    steps = cfg.steps or (ascending_steps(block) if cfg.schedule == "ascending" else block)
     if steps > block:
         raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
     dynamic = cfg.threshold is not None or cfg.factor is not None
@@ -51,7 +51,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
         end = start + block
         masked = x[:, start:end] == family.mask_id
         generated = masked.clone()  # positions of this block that are decoded (not prompt, not padding)
-        schedule = linear_schedule(masked.sum(-1), steps)
+        schedule = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(masked.sum(-1), steps)
         j, post, edited = 0, 0, True
         while (masked.any() and (dynamic or j < steps)) or (editing and edited and post < cfg.max_post_steps):
             if cache is None:
@@ -67,7 +67,8 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
             if dynamic:
                 n = torch.maximum(n, (left > 0).long())
             post += int(not masked.any())
-            x0, chosen, conf = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+            x0, chosen, conf = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id,
+                                           eos_factor(cfg.eos_early_rejection, j, steps))
             if editing:  # LLaDA2.1: overwrite decoded tokens the model now confidently replaces
                 edit = generated & ~masked & (x0 != x[:, start:end]) & (conf > cfg.editing_threshold)
                 edited = bool(edit.any() or chosen.any())
@@ -85,7 +86,12 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator):
 
     seq, steps_taken, blk = (t.gather(1, region) for t in (x, step_map, block_step))
     if cfg.stop_at_eos:  # everything after the first stop token is padding
-        after = after_first(torch.isin(seq, stop_ids))
+        stops = torch.isin(seq, stop_ids)
+        first = torch.where(stops.any(-1), stops.long().argmax(-1), length)
+        stop_block_end = ((gen_start + first) // block + 1) * block - gen_start  # region index after the stop's block
+        kept = (torch.arange(length, device=x.device)[None] < stop_block_end[:, None]) & (seq != family.mask_id)
+        out.replay_ids, out.replay_step = seq.masked_fill(~kept, family.pad_id), blk.masked_fill(~kept, -1)
+        after = after_first(stops)
         seq = seq.masked_fill(after, family.pad_id)
         steps_taken, blk = steps_taken.masked_fill(after, -1), blk.masked_fill(after, -1)
         out.states = [s.masked_fill(after, family.pad_id) for s in out.states]

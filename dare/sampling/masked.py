@@ -12,10 +12,11 @@ from transformers.cache_utils import DynamicCache
 
 from ..models.masks import positions_from_padding
 from .cache import move_tail, truncate
-from .primitives import decode_step, dream_count, linear_schedule
+from .primitives import (CONFIDENCE, ascending_schedule, ascending_steps, ban, decode_step, dream_count, eos_factor,
+                         linear_schedule)
 
 
-def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
+def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
     from . import Generation
     n_rows, p_len = prompt_ids.shape
     length = cfg.gen_length
@@ -26,7 +27,7 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
     if length % block:
         raise ValueError(f"gen_length {length} is not divisible by block_length {block}")
     n_blocks = length // block
-    steps = cfg.steps or length
+    steps = cfg.steps or (ascending_steps(block) * n_blocks if cfg.schedule == "ascending" else length)
     if steps > length:
         raise ValueError(f"steps ({steps}) is larger than the number of tokens to generate ({length})")
     if steps % n_blocks:
@@ -38,8 +39,16 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
     per_block = steps // n_blocks
     dynamic = cfg.threshold is not None or cfg.factor is not None
     mask_id, shift = family.mask_id, int(family.shift)
+    if from_step or to_step is not None:
+        if dynamic:
+            raise ValueError("resuming from / stopping at a step needs a fixed step schedule (no threshold/factor)")
+        to_step = steps if to_step is None else to_step
+        if not 0 <= from_step <= to_step <= steps:
+            raise ValueError(f"need 0 <= from_step ({from_step}) <= to_step ({to_step}) <= steps ({steps})")
+    to_step = float("inf") if to_step is None else to_step
+    predict_all = cfg.record_states and cache_mode == "none"  # whole-canvas predictions need whole-canvas logits
 
-    x = torch.cat([prompt_ids, prompt_ids.new_full((n_rows, length), mask_id)], dim=1)
+    x = torch.cat([prompt_ids, prompt_ids.new_full((n_rows, length), mask_id) if canvas is None else canvas], dim=1)
     attn = torch.cat([prompt_mask, prompt_mask.new_ones(n_rows, length)], dim=1)
     positions = positions_from_padding(attn)
     step_map = torch.full((n_rows, length), -1, dtype=torch.long, device=x.device)
@@ -56,18 +65,29 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
             lg = lg_u + (cfg.cfg_scale + 1) * (lg - lg_u)
         return lg
 
-    step = 0
+    step = from_step
     for b in range(n_blocks):
         start, end = p_len + b * block, p_len + (b + 1) * block
+        j0 = 0
+        if not dynamic:  # step ids follow the schedule; a resumed run enters its first block mid-way
+            j0 = max(from_step - b * per_block, 0)
+            if j0 >= per_block:
+                continue
+            step = b * per_block + j0
+        if step >= to_step:
+            break
         masked = x[:, start:end] == mask_id
-        schedule = linear_schedule(masked.sum(-1), per_block)
+        schedule = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(masked.sum(-1),
+                                                                                           per_block - j0)
         times = torch.linspace(1, cfg.eps, per_block + 1).tolist()
-        cache, j = None, 0
-        while masked.any() and (dynamic or j < per_block):
+        cache, j = None, j0
+        while masked.any() and (dynamic or j < per_block) and step < to_step:
             first = start - shift  # first position fed after the block's full pass (one earlier for Dream)
-            if j == 0 or cache_mode == "none":
+            full = None
+            if j == j0 or cache_mode == "none":
                 cache = DynamicCache() if cache_mode != "none" else None
-                lg = logits_full(cache)[:, start:end]
+                full = logits_full(cache)
+                lg = full[:, start:end]
                 if cache_mode == "prefix":
                     truncate(cache, first)
             elif cache_mode == "prefix":
@@ -83,8 +103,20 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
                 move_tail(cache, first, end)
             out.nfe += 1
 
-            n = _count(cfg, schedule, masked, times, j, per_block, dynamic, generator)
-            x0, chosen, _ = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+            n = _count(cfg, schedule, masked, times, j, j0, per_block, dynamic, generator)
+            scale = eos_factor(cfg.eos_early_rejection, step, steps)
+            if predict_all:  # propose for every masked position of the canvas, commit inside the block
+                region = x[:, p_len:] == mask_id
+                inside = torch.zeros_like(region)
+                inside[:, start - p_len:end - p_len] = masked
+                x0, chosen, _ = decode_step(full[:, p_len:], inside, n, cfg, family.eos_id, generator,
+                                            family.mask_id, scale)
+                out.predictions.append(torch.where(region, x0, x[:, p_len:]))
+                proposal = ban(full[:, p_len:], cfg, family.eos_id, family.mask_id)
+                out.confidences.append(CONFIDENCE["low_confidence"](proposal, x0) * region)  # its probability
+                x0, chosen = x0[:, start - p_len:end - p_len], chosen[:, start - p_len:end - p_len]
+            else:
+                x0, chosen, _ = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id, scale)
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start - p_len:end - p_len][chosen] = step
             block_step[:, start - p_len:end - p_len][chosen] = j
@@ -96,13 +128,13 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator):
     return out
 
 
-def _count(cfg, schedule, masked, times, j, per_block, dynamic, generator):
+def _count(cfg, schedule, masked, times, j, j0, per_block, dynamic, generator):
     """Tokens to commit at block step ``j`` (the floor for threshold decoding; never 0 past the schedule)."""
     left = masked.sum(-1)
     if j >= per_block:
         return (left > 0).long()
-    if cfg.schedule == "linear":
-        n = schedule[:, j]
+    if cfg.schedule in ("linear", "ascending"):
+        n = schedule[:, j - j0]
     elif cfg.remasking == "origin":  # Dream: each masked position flips independently with prob 1 - s/t
         p = 1.0 if j == per_block - 1 else 1 - times[j + 1] / times[j]
         n = torch.binomial(left.double(), torch.full_like(left, p, dtype=torch.double), generator=generator).long()

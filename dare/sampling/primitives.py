@@ -113,6 +113,21 @@ def linear_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return base[:, None] + (torch.arange(steps, device=masked.device)[None] < rem[:, None]).long()
 
 
+def ascending_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """CJ-GRPO's ascending step size (ASS): step j commits ``2^j`` tokens; the last step commits what is left.
+    ``[N] masked counts -> [N, steps]``."""
+    want = 2 ** torch.arange(steps, device=masked.device)
+    done = torch.cat([want.new_zeros(1), want.cumsum(0)[:-1]])
+    n = (masked[:, None] - done[None]).clamp(min=0).minimum(want[None])
+    n[:, -1] = (masked - n[:, :-1].sum(-1)).clamp(min=0)
+    return n
+
+
+def ascending_steps(length: int) -> int:
+    """Steps ASS needs for ``length`` tokens: 1 + 2 + ... + 2^(S-1) = 2^S - 1 >= length."""
+    return max(1, (length).bit_length())
+
+
 def dream_count(masked: torch.Tensor, t: float, s: float, last: bool) -> torch.Tensor:
     """Dream: ``floor(masked * (1 - s/t))`` tokens this step; everything left at the last step."""
     return masked if last else (masked.double() * (1 - s / t)).floor().long()
@@ -159,17 +174,33 @@ def select(conf: torch.Tensor, n: torch.Tensor, config, generator=None) -> torch
     return top_n(conf, n)
 
 
-def decode_step(logits: torch.Tensor, masked: torch.Tensor, n: torch.Tensor, config, eos_id: int,
-                generator=None, mask_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One denoising step over a block: ``(proposed tokens, positions to commit, confidence of every proposal)``,
-    all ``[N, B]``. The mask token is never proposed (its logit is -inf, MDLM's SUBS rule): a committed mask would
-    survive decoding."""
+def eos_factor(gamma_min: float | None, step: int, steps: int) -> float:
+    """CJ-GRPO's EOS early rejection (EOSER): the factor on EOS confidences rises linearly from ``gamma_min`` at the
+    first step to 1 at the last, so EOS is committed late (None: off)."""
+    if gamma_min is None:
+        return 1.0
+    return gamma_min + (1.0 - gamma_min) * min(step / max(steps - 1, 1), 1.0)
+
+
+def ban(logits: torch.Tensor, config, eos_id: int, mask_id: int | None = None) -> torch.Tensor:
+    """Logits with the tokens the sampler never proposes at -inf: the mask token, and EOS with ``suppress_eos``."""
     banned = ([] if mask_id is None else [mask_id]) + ([eos_id] if config.suppress_eos else [])
     if banned:
         logits = logits.clone()
         logits[..., banned] = NEG_INF
+    return logits
+
+
+def decode_step(logits: torch.Tensor, masked: torch.Tensor, n: torch.Tensor, config, eos_id: int,
+                generator=None, mask_id: int | None = None, eos_scale: float = 1.0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One denoising step over a block: ``(proposed tokens, positions to commit, confidence of every proposal)``,
+    all ``[N, B]``. The mask token is never proposed (its logit is -inf, MDLM's SUBS rule): a committed mask would
+    survive decoding. ``eos_scale`` multiplies the confidence of EOS proposals (EOSER) for the selection only."""
+    logits = ban(logits, config, eos_id, mask_id)
     x0 = propose(logits, config.temperature, config.top_k, config.top_p, generator)
     name = "random" if config.remasking == "origin" else config.remasking
     conf = score(name, logits, x0, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                  generator=generator)
-    return x0, select(conf.masked_fill(~masked, NEG_INF), n, config, generator), conf
+    ranked = conf if eos_scale == 1.0 else torch.where(x0 == eos_id, conf * eos_scale, conf)
+    return x0, select(ranked.masked_fill(~masked, NEG_INF), n, config, generator), conf

@@ -8,12 +8,12 @@ every inner iteration; the first micro-batch of a cycle rolls out, scores and bu
 and reference log-probs included); the rest train from the buffer. Trainer provides accumulation, clipping,
 schedulers, mixed precision, DDP/FSDP/DeepSpeed, logging, ``report_to`` and checkpoints.
 
-One cycle = ``num_iterations`` optimiser steps on one rollout batch. The loss of each micro-batch is divided by
-the normaliser of the whole rollout batch (all ranks), so it does not depend on how the batch is split. Rollout
-and noise seeds derive from (seed, rollout index, inner iteration, rank), so a resumed run replays exactly.
+One cycle = ``num_iterations`` passes over one rollout batch, each ``mini_batches`` optimiser steps on a slice
+of it. The loss of each micro-batch is divided by the normaliser of its whole mini-batch (all ranks), so it does
+not depend on how the mini-batch is split. Rollout and noise seeds derive from (seed, rollout index, inner
+iteration, rank), so a resumed run replays exactly.
 """
 
-import copy
 import hashlib
 import json
 import os
@@ -29,7 +29,9 @@ from transformers import Trainer
 from trl.models.utils import unwrap_model_for_generation
 
 from ..engines import HFEngine
+from ..engines.hf import decode_completions
 from .checkpoints import CompleteCheckpoints
+from .reference import frozen_copy, reference
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
 
@@ -66,36 +68,38 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class)
         self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
-        self.sampling, self.eval_sampling = algorithm.sampling(sampling), eval_sampling
+        self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
         self.reward_workers, self.log_completions = reward_workers, log_completions
         completions, ga = args.per_device_train_batch_size * num_generations, args.gradient_accumulation_steps
-        if ga % algorithm.streams or completions % (ga // algorithm.streams):
+        if ga % algorithm.streams or completions % (ga // algorithm.streams * algorithm.mini_batches):
             raise ValueError(f"{completions} completions per rank x {algorithm.streams} streams do not split into "
-                             f"{ga} equal micro-steps")
-        if args.save_strategy == "steps" and args.save_steps % algorithm.num_iterations:
-            raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations "
-                             f"({algorithm.num_iterations}): a checkpoint inside a cycle could not resume exactly")
+                             f"{algorithm.mini_batches} mini-batches of {ga} equal micro-steps")
+        if args.save_strategy == "steps" and args.save_steps % algorithm.cycle:
+            raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations x mini_batches "
+                             f"({algorithm.cycle}): a checkpoint inside a cycle could not resume exactly")
         rewards.check({r["data_source"] for r in train_rows + (eval_rows or [])})
         self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
-        self.ref_model = self._frozen_reference() if algorithm.beta and not hasattr(model, "disable_adapter") else None
+        self.ref_model = frozen_copy(self) if algorithm.beta and not hasattr(model, "disable_adapter") else None
         self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
 
     # -- data ---------------------------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):
-        repeat = self.args.gradient_accumulation_steps * self.algorithm.num_iterations
+        repeat = self.args.gradient_accumulation_steps * self.algorithm.cycle
         return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.args.world_size,
                              repeat, self.args.seed)
 
     def _micro_batch(self, rows):
         """The buffered micro-batch and stream for this call; the first call of a cycle rolls out the whole batch."""
-        micro = self._micro % self.args.gradient_accumulation_steps
+        algo, micro = self.algorithm, self._micro % self.args.gradient_accumulation_steps
         self._micro += 1
-        iteration = self.state.global_step % self.algorithm.num_iterations
-        if micro == 0 and iteration == 0:
+        position = self.state.global_step % algo.cycle
+        if micro == 0 and position == 0:
             self._buffer = self._rollout_batch(rows)
-        part, stream = divmod(micro, self.algorithm.streams)
-        return {"batch": self._buffer[part], "iteration": iteration, "stream": stream}
+        iteration, mini = divmod(position, algo.mini_batches)
+        part, stream = divmod(micro, algo.streams)
+        return {"batch": self._buffer[mini * self.args.gradient_accumulation_steps // algo.streams + part],
+                "iteration": iteration, "mini": mini, "stream": stream}
 
     def _prepare_inputs(self, inputs):
         return inputs  # already on the device (built by _rollout_batch)
@@ -106,7 +110,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
     # -- one rollout batch --------------------------------------------------------------------------------------
     def _rollout_batch(self, rows: list[dict]) -> list[dict]:
         algo, family, G = self.algorithm, self.family, self.num_generations
-        index = self.state.global_step // algo.num_iterations
+        index = self.state.global_step // algo.cycle
         start = time.perf_counter()
         with self._policy() as policy, self.compute_loss_context_manager():
             engine = HFEngine(policy, self.processing_class, family, self.rollout_batch_size)
@@ -117,19 +121,25 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         scored = time.perf_counter()
         device = rollout.completion_ids.device
         scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
-        batch = {"prompt_ids": rollout.prompt_ids, "prompt_mask": rollout.prompt_mask,
-                 "completion_ids": rollout.completion_ids, "completion_mask": rollout.completion_mask,
-                 "loss_mask": algo.loss_mask_for(family, rollout), "advantages": algo.advantages(scores, G)}
-        total = self.accelerator.reduce(algo.normaliser(batch).float().reshape(1), "sum")
-        self._normaliser = total[0] / self.accelerator.num_processes  # DDP averages gradients over ranks
+
+        def reward_of(ids: torch.Tensor, picks: list[int]) -> torch.Tensor:
+            texts = decode_completions(self.processing_class, family, ids)[1]
+            found = self.rewards.score(texts, [expanded[i] for i in picks], self.reward_workers)
+            return torch.tensor([r.score for r in found], dtype=torch.float32, device=device)
+
+        batch = algo.make_batch(family, rollout, scores, G, reward_of, self.state.global_step)
         parts = self._split(batch)
+        counts = torch.stack([algo.normaliser(part).float().reshape(-1) for part in parts])
+        counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
+        counts = counts / self.accelerator.num_processes  # DDP averages gradients over ranks
+        self._normalisers = [c[0] if c.numel() == 1 else c for c in counts]  # one per mini-batch
         for slot in range(algo.num_iterations if algo.resample_noise else 1):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
             # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
             noise = algo.corrupt(family, batch, generator)
             for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts)):
                 part.setdefault("noise", []).append(piece)
-        if (algo.num_iterations > 1 and algo.uses_ratio) or algo.beta:
+        if (algo.cycle > 1 and algo.uses_ratio) or algo.beta:
             self._score_old_and_reference(parts)
         self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
                              time.perf_counter() - scored)
@@ -143,18 +153,18 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         with self._policy() as policy, self.compute_loss_context_manager():
             for part in parts:
                 for noise in part["noise"]:
-                    if algo.num_iterations > 1 and algo.uses_ratio:
+                    if algo.cycle > 1 and algo.uses_ratio:
                         part.setdefault("old", []).append(algo.score(policy, family, part, noise).logp)
                     if algo.beta:
-                        with self._reference(policy) as ref:
+                        with reference(self.ref_model, policy) as ref:
                             part.setdefault("ref", []).append(algo.score(ref, family, part, noise).logp)
 
     def _split(self, value):
-        """One piece per micro-batch, along the batch dimension (tensors, or dicts of tensors)."""
-        pieces = self.args.gradient_accumulation_steps // self.algorithm.streams
+        """One piece per micro-batch of every mini-batch, along the row dimension (tensors, or dicts of them)."""
+        pieces = self.args.gradient_accumulation_steps // self.algorithm.streams * self.algorithm.mini_batches
         if isinstance(value, dict):
             return [dict(zip(value, chunk)) for chunk in zip(*(self._split(v) for v in value.values()))]
-        return value.chunk(pieces)
+        return value.tensor_split(pieces)
 
     @contextmanager
     def _policy(self):
@@ -166,25 +176,6 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
                 yield model
             finally:
                 model.train(was_training)
-
-    @contextmanager
-    def _reference(self, policy):
-        """The frozen reference: a LoRA policy with its adapters disabled, else the frozen copy."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        else:
-            with policy.disable_adapter():
-                yield policy
-
-    def _frozen_reference(self):
-        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
-        if self.is_deepspeed_enabled:
-            from trl.models.utils import prepare_deepspeed
-            return prepare_deepspeed(ref, self.accelerator)
-        if self.is_fsdp_enabled:
-            from trl.models.utils import prepare_fsdp
-            return prepare_fsdp(ref, self.accelerator)
-        return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
     def _seed(self, *parts) -> int:
         key = repr((self.args.seed, self.accelerator.process_index) + parts).encode()
@@ -201,7 +192,8 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         algo = self.algorithm
         slot = inputs["iteration"] if algo.resample_noise else 0
-        loss, stats = algo.step_loss(model, self.family, inputs["batch"], slot, inputs["stream"], self._normaliser)
+        loss, stats = algo.step_loss(model, self.family, inputs["batch"], slot, inputs["stream"],
+                                     self._normalisers[inputs["mini"]])
         for name, (total, count) in stats.items():
             self._add(name, float(total), float(count))
         return (loss, None) if return_outputs else loss

@@ -35,7 +35,7 @@ class Args:
     algo: str = "d1"  # any registered algorithm (python -m dare.algos)
     task: str = "addition"  # a generated task (dare/data/tasks.py)
     sft_steps: int = 600  # until the model answers some of the held-out prompts
-    rl_steps: int = 60  # rollout batches of 16 prompts x 8 completions
+    rl_steps: int = 60  # rollout batches of 16 prompts x 8 completions (offline algorithms: steps of 16 pairs)
     test_prompts: int = 200
     output_dir: str = "outputs/quickstart"
 
@@ -84,18 +84,21 @@ def main(args: Args) -> dict:
     rl = train_rl.args_class(args.algo)(model=str(out / "sft"), output_dir=str(out / "rl"),
                                         prompts_per_step=16, num_generations=8, micro_batch_size=128,
                                         learning_rate=3e-4, logging_steps=1, log_completions=2)
-    mu = rl.algo_config.num_iterations
+    mu = getattr(rl.algo_config, "cycle", 1)  # optimiser steps per rollout batch
     rl.max_steps, rl.save_steps = args.rl_steps * mu, args.rl_steps * mu
     rl.data.path = train
     rl.rollout.gen_length, rl.rollout.temperature = 12, 1.0
+    if getattr(type(rl.algo_config), "offline", False):  # VRPO: generated (right, wrong answer) pairs of the task
+        rl.preference.path, rl.preference.limit, rl.micro_batch_size = f"task:{args.task}", 4000, 32
     history = train_rl.main(rl).state.log_history
     after = accuracy(str(out / "rl"), out / "eval-rl", args)
 
     table = compare([str(out / "eval-sft" / "report.json"), str(out / "eval-rl" / "report.json")])
     plot(history, before["accuracy"], after["accuracy"], out / "curve.png",
          f"tiny {args.family}: SFT then {args.algo} on {args.task}")
+    unit = "steps of 16 preference pairs" if getattr(type(rl.algo_config), "offline", False) else "rollouts"
     summary = (f"## Quickstart: tiny {args.family}, SFT {args.sft_steps} steps, {args.algo} {args.rl_steps} "
-               f"rollouts, task {args.task}\n\n| stage | held-out accuracy ({args.test_prompts} prompts, greedy) |\n"
+               f"{unit}, task {args.task}\n\n| stage | held-out accuracy ({args.test_prompts} prompts, greedy) |\n"
                f"|---|---|\n| after SFT | {before['accuracy']:.3f} |\n| after RL | {after['accuracy']:.3f} |\n\n"
                f"{table}\nreward curve and accuracies: {out / 'curve.png'}\n")
     (out / "summary.md").write_text(summary)

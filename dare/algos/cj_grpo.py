@@ -1,0 +1,107 @@
+"""CJ-GRPO, consistency-trajectory GRPO (arXiv 2509.23924; algorithms.md §3.5, models-and-sampling.md §4.8).
+
+The likelihood is the rollout's own decoding path: step s of the sampler committed some tokens from a state
+where exactly the tokens of steps < s were visible; training replays that state and scores those tokens, so the
+learner's transitions are the sampler's ("consistency"). One forward per step, streamed (one step's graph at a
+time). Masked families replay global steps (state = prompt + tokens of earlier steps); block families replay
+block-local step j in every block at once through the ``[x_t ‖ x_0]`` layout (block b's noisy copy shows its
+tokens of local steps < j, the clean copy gives the finished earlier blocks, as the block cache did), and keep
+the whole block of the stop token (its tokens after the stop were decoded and seen). Never mixing the two step
+numberings is what the reference gets wrong (spec finding 1). The paper's EOS early rejection and ascending step
+sizes are sampler options: ``--rollout.eos-early-rejection 0.01 --rollout.schedule ascending``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..likelihood import Trajectory
+from ..sampling import step_budget
+from . import register
+from .base import Algorithm
+from .core import clipped_token_loss, kl_estimate
+
+AGGREGATIONS = ("step", "transition")
+
+
+@register("cj-grpo")
+@dataclass
+class CJGRPO(Algorithm):
+    """CJ-GRPO: exact per-step transition log-probs along the recorded decoding trajectory."""
+
+    advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
+    loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
+    aggregation: str = "step"  # step: token mean per step, averaged over steps (paper); transition: each (sample,
+    # block, step) transition weighs 1/#its tokens/#the sample's transitions, mean over samples (DARE, block families)
+
+    def validate(self, family):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"Unknown aggregation {self.aggregation!r}; known: {list(AGGREGATIONS)}")
+        return super().validate(family)
+
+    def sampling(self, config, family):
+        if config.editing_threshold is not None:
+            raise ValueError("cj-grpo replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, which a "
+                             "step map cannot replay (unset editing_threshold)")
+        self._steps = step_budget(config, family)
+        return config
+
+    @property
+    def streams(self) -> int:
+        return getattr(self, "_steps", 1)
+
+    def estimator(self):
+        return Trajectory(self.streams)
+
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step)
+        if family.is_block_diffusion:
+            ids, steps = ((rollout.replay_ids, rollout.replay_step) if rollout.replay_ids is not None
+                          else (rollout.completion_ids, rollout.block_step))
+        else:
+            ids, steps = rollout.completion_ids, rollout.step_map  # global steps (never block-local: finding 1)
+        decoded = steps >= 0
+        loss_mask = decoded if self.loss_mask == "all" else rollout.completion_mask.bool() & decoded
+        batch.update(completion_ids=ids, completion_mask=decoded.long(), steps=steps, loss_mask=loss_mask.long())
+        if self.aggregation == "transition":
+            batch["weights"] = self._transition_weights(family, batch)
+        return batch
+
+    def _transition_weights(self, family, batch):
+        """1 / (tokens of the token's (block, step) transition) / (transitions of its sample), on loss tokens."""
+        steps, mask = batch["steps"], batch["loss_mask"].bool()
+        length = steps.shape[1]
+        if family.is_block_diffusion:  # blocks on the global grid (counted from the first real prompt token)
+            offset = batch["prompt_mask"].sum(-1, keepdim=True)
+            block = (offset + torch.arange(length, device=steps.device)) // family.block_size
+        else:
+            block = torch.zeros_like(steps)
+        key = (block * (self.streams + 1) + steps.clamp(min=0)) * mask
+        counts = torch.zeros(len(steps), int(key.max()) + 1, device=steps.device).scatter_add_(1, key, mask.float())
+        transitions = (counts > 0).sum(-1, keepdim=True).clamp(min=1)
+        return torch.where(mask, 1.0 / (counts.gather(1, key) * transitions).clamp(min=1), 0.0)
+
+    def normaliser(self, batch):
+        mask = batch["loss_mask"].bool()
+        if self.aggregation == "transition":
+            return mask.any(-1).sum()
+        return torch.bincount(batch["steps"][mask], minlength=self.streams)[:self.streams]
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser):
+        est = self.estimator().score(model, family, batch, {}, step=stream)  # a forward even without targets: every
+        # rank runs the same number of graphs
+        target = (batch["steps"] == stream) & batch["loss_mask"].bool()
+        old = batch["old"][slot] if "old" in batch else est.logp.detach()
+        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"], self.eps_low, self.eps_high,
+                                                self.dual_clip)
+        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old), "entropy": est.entropy}
+        if self.beta:
+            kl = kl_estimate(est.logp, batch["ref"][slot], self.kl)
+            per_token = per_token + self.beta * kl
+            stats["kl"] = kl.detach()
+        if self.aggregation == "transition":
+            loss = (per_token * batch["weights"] * target).sum() / normaliser.clamp(min=1)
+        else:  # token mean of this step over the whole batch, averaged over the steps that exist
+            loss = (per_token * target).sum() / normaliser[stream].clamp(min=1) / (normaliser > 0).sum().clamp(min=1)
+        tokens = target.sum()
+        return loss, {k: ((v.float() * target).sum(), tokens) for k, v in stats.items()}

@@ -1,0 +1,164 @@
+"""d-TreeRPO (arXiv 2512.09675; algorithms.md §3.9).
+
+Tree rollouts: each prompt's root (all masks) gets ``num_generations / branch`` children, each decoded for the
+first ``split`` of the steps; each child gets ``branch`` children that finish the decoding (the sampler resumed
+from the child's canvas). Leaf value = reward; inner value = mean of its children; an edge's advantage is its
+child's value minus the mean of its siblings' (no std). An edge is one transition: its tokens (masked in the
+parent, decoded in the child, up to the child's first stop) are scored from the parent state in one forward —
+and since siblings share the parent, one forward per parent scores all its edges. Loss per edge: token mean of
+the clipped surrogate (+ beta k3), averaged over edges; plus self-distillation of the parent's prediction toward
+the tokens its better-than-average children chose (weights softmax(A / tau_t)), ramped in with training progress.
+Prompt padding is never attended (the reference attends it in training only, finding 10).
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..likelihood import EdgeTransition
+from ..sampling import step_budget
+from ..sampling.primitives import after_first
+from . import register
+from .base import Algorithm
+from .core import clipped_token_loss, kl_estimate
+
+
+def sibling_advantages(values: torch.Tensor) -> torch.Tensor:
+    """``[..., C]`` sibling values -> ``V - mean of the other siblings`` (a lone child keeps its value)."""
+    c = values.shape[-1]
+    if c == 1:
+        return values
+    return values - (values.sum(-1, keepdim=True) - values) / (c - 1)
+
+
+def sd_schedule(progress: float, weight: float, gamma: float, temperature: float, power: float):
+    """Self-distillation weight ``weight (e^{gamma p} - 1) / (e^gamma - 1)`` and temperature
+    ``max(temperature (1 - p)^power, 1e-6)`` at training progress ``p`` in [0, 1]."""
+    p = min(max(progress, 0.0), 1.0)
+    return weight * math.expm1(gamma * p) / math.expm1(gamma), max(temperature * (1 - p) ** power, 1e-6)
+
+
+def distillation_targets(children: torch.Tensor, active: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor,
+                         tau: float):
+    """For each parent (row) with >= 2 children: positive children weighted by softmax(A / tau); at each position
+    the target q is their weighted token distribution (children active there). Returns the per-(child, position)
+    weight ``w / Z_j`` of that child's token in q, and ``log q`` of that token, both ``[G, C, R]``."""
+    positive = valid & (adv > 0) & (valid.sum(-1, keepdim=True) >= 2)
+    w = torch.softmax((adv / tau).masked_fill(~positive, float("-inf")), -1).nan_to_num(0.0)
+    mass = w[..., None] * (active & positive[..., None])  # [G, C, R]
+    omega = mass / mass.sum(1, keepdim=True).clamp(min=1e-30)
+    same = children[:, :, None] == children[:, None, :]  # [G, C, C', R]: child c and c' chose the same token
+    q = (omega[:, None] * same).sum(2)
+    return omega, torch.log(q.clamp(min=1e-30)) * (omega > 0)
+
+
+@register("d-treerpo")
+@dataclass
+class DTreeRPO(Algorithm):
+    """d-TreeRPO: tree rollouts, sibling leave-one-out advantages on edge transitions, self-distillation."""
+
+    branch: int = 4  # children of each first-level node (the root gets num_generations / branch children)
+    split: float = 0.5  # fraction of the decoding steps the first level takes (the branch point)
+    sd_weight: float = 3e-3  # lambda_max of the self-distillation term (0: off)
+    sd_gamma: float = 2.0
+    sd_temperature: float = 2.0  # tau_max
+    sd_power: float = 0.7  # tau_t = tau_max (1 - progress)^power
+    sd_horizon: int = 30000  # optimiser steps over which the SD schedule runs (progress = step / horizon)
+    num_iterations: int = 12
+    eps_low: float = 0.4
+    eps_high: float = 0.4
+    dual_clip: float | None = None
+    beta: float = 0.01
+    advantage: str = "tree"  # sibling leave-one-out of tree values, no std
+    loss_mask: str = "upto_first_eos"  # an edge's tokens up to the child's first stop token
+
+    families = ("llada", "dream")
+    why_not = ("its tree search resumes the masked-diffusion sampler from a partially decoded canvas; the "
+               "block-diffusion sampler has no resume")
+    own_advantages = ("tree",)
+
+    def validate(self, family):
+        if self.branch < 1 or not 0 < self.split < 1:
+            raise ValueError(f"need branch >= 1 and 0 < split < 1, got branch={self.branch}, split={self.split}")
+        return super().validate(family)
+
+    def rollout(self, engine, prompts, n, config, seed):
+        if n % self.branch:
+            raise ValueError(f"num_generations ({n}) must be a multiple of branch ({self.branch}): each prompt's tree "
+                             f"has num_generations leaves")
+        total = step_budget(config, engine.family)
+        middle = round(total * self.split)
+        if not 0 < middle < total:
+            raise ValueError(f"split={self.split} of {total} steps leaves an empty tree level")
+        first = engine.generate(prompts, n // self.branch, config, seed, to_step=middle)
+        canvas = first.completion_ids.repeat_interleave(self.branch, 0)
+        leaves = engine.generate(prompts, n, config, (seed + 1) % 2 ** 63, canvas=canvas, from_step=middle)
+        return replace(leaves, nfe=first.nfe + leaves.nfe, seconds=first.seconds + leaves.seconds,
+                       records={"first_level": first.completion_ids})
+
+    def advantages(self, rewards, group_size):
+        leaves = rewards.view(-1, group_size // self.branch, self.branch)
+        return sibling_advantages(leaves).reshape(-1)  # the leaves' own edges (for logging; make_batch has all)
+
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
+        """One row per parent node: the root (children: first-level nodes) and each first-level node (children:
+        its leaves), with the children's canvases ``[rows, C, R]``, edge advantages and active tokens."""
+        c, b = group_size // self.branch, self.branch
+        width, length = max(c, b), rollout.completion_ids.shape[1]
+        prompts = len(rollout.completion_ids) // group_size
+        blank = torch.full((prompts, 1, length), family.mask_id, device=rollout.completion_ids.device)
+        first = rollout.records["first_level"].view(prompts, c, length)
+        leaves = rollout.completion_ids.view(prompts, c, b, length)
+        leaf_values = rewards.view(prompts, c, b)
+
+        def pad(x, fill):  # [P, n, C'] -> [P, n, width]
+            return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, width - x.shape[2]), value=fill)
+
+        parents = torch.cat([blank, first], 1)  # [P, 1 + c, R]
+        children = torch.cat([pad(first[:, None], family.mask_id), pad(leaves, family.mask_id)], 1)
+        adv = torch.cat([pad(sibling_advantages(leaf_values.mean(-1))[:, None, :, None], 0.0)[..., 0],
+                         pad(sibling_advantages(leaf_values)[..., None], 0.0)[..., 0]], 1)
+        valid = torch.cat([pad(torch.ones(prompts, 1, c, 1, dtype=torch.bool, device=adv.device), False)[..., 0],
+                           pad(torch.ones(prompts, c, b, 1, dtype=torch.bool, device=adv.device), False)[..., 0]], 1)
+        rows = prompts * (1 + c)
+        parents, children, adv, valid = (x.reshape(rows, *x.shape[2:]) for x in (parents, children, adv, valid))
+        active = (parents[:, None] == family.mask_id) & (children != family.mask_id) & valid[..., None]
+        if self.loss_mask == "upto_first_eos":
+            active &= ~after_first(torch.isin(children, torch.tensor(family.stop_ids, device=children.device)))
+        weight, tau = sd_schedule(step / self.sd_horizon, self.sd_weight, self.sd_gamma, self.sd_temperature,
+                                  self.sd_power)
+        sd_mass, sd_logq = distillation_targets(children, active, adv, valid, tau)
+        pick = torch.arange(prompts, device=adv.device).repeat_interleave(1 + c) * group_size
+        return {"prompt_ids": rollout.prompt_ids[pick], "prompt_mask": rollout.prompt_mask[pick],
+                "completion_ids": parents, "completion_mask": torch.ones_like(parents), "children": children,
+                "advantages": adv.float(), "active": active, "loss_mask": active.any(1).long(),
+                "sd_mass": sd_mass, "sd_logq": sd_logq, "sd_lambda": torch.full((rows,), weight, device=adv.device)}
+
+    def normaliser(self, batch):
+        """[edges with at least one active token, (parent, position) pairs with a distillation target]."""
+        pairs = (batch["sd_mass"].sum(1) > 0).sum()
+        return torch.stack([batch["active"].any(-1).sum(), pairs])
+
+    def estimator(self):
+        return EdgeTransition()
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser):
+        est = self.score(model, family, batch, {})
+        active = batch["active"]
+        old = batch["old"][slot] if "old" in batch else est.logp.detach()
+        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"][..., None], self.eps_low,
+                                                self.eps_high, self.dual_clip)
+        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old)}
+        if self.beta:
+            kl = kl_estimate(est.logp, batch["ref"][slot], self.kl)
+            per_token = per_token + self.beta * kl
+            stats["kl"] = kl.detach()
+        edge_mean = (per_token * active).sum(-1) / active.sum(-1).clamp(min=1)
+        loss = edge_mean.sum() / normaliser[0].clamp(min=1)
+        sd = (batch["sd_mass"] * (batch["sd_logq"] - est.logp)).sum((1, 2))  # KL(q || p) per parent
+        loss = loss + (batch["sd_lambda"] * sd).sum() / normaliser[1].clamp(min=1)
+        tokens = active.sum()
+        out = {k: ((v.float() * active).sum(), tokens) for k, v in stats.items()}
+        out["self_distillation"] = (sd.detach().sum(), (batch["sd_mass"].sum(1) > 0).sum())
+        return loss, out

@@ -1,0 +1,125 @@
+"""MDPO, Masked Diffusion Policy Optimization (arXiv 2508.13148; algorithms.md §3.4).
+
+Denoising as a multi-step decision process rewarded at every step: the rollout records, for each step s, the
+input canvas x_s, the whole-canvas prediction x̂0_s (masked positions filled with that step's proposals) and the
+probability c_s of each proposal. Step rewards ρ_s = reward(x̂0_s); score q_s = d_s + f_s with d_0 = ρ_0 + 1,
+d_s = ρ_s - ρ_{s-1} + 1 and f_s the mean of the later rewards (f_{S-1} = ρ_{S-1}); advantages are normalised per
+step across the prompt's completions; the K steps with the largest total |advantage| are trained, one step per
+backward: ``-min(r A, clip(r) A) λ_s c`` on the positions masked at that step, ``λ_s = R / #masked``, token mean
+over the batch (one optimiser step per rollout, the paper's accumulation over the K steps). Masked families only:
+a block-diffusion model never predicts past its current block, so there is no whole-answer x̂0 to reward.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..likelihood import StepPrediction
+from ..sampling import step_budget
+from . import register
+from .base import Algorithm
+from .core import clipped_token_loss, kl_estimate
+
+
+def step_scores(rho: torch.Tensor) -> torch.Tensor:
+    """``[..., S]`` step rewards -> scores ``q_s = d_s + f_s``: d_0 = ρ_0 + 1, d_s = ρ_s - ρ_{s-1} + 1; f_s the mean of
+    the later rewards (f_{S-1} = ρ_{S-1})."""
+    d = torch.cat([rho[..., :1], rho[..., 1:] - rho[..., :-1]], -1) + 1
+    later = rho.flip(-1).cumsum(-1).flip(-1) - rho  # sum of rho_{s+1..S-1}
+    count = torch.arange(rho.shape[-1] - 1, -1, -1, device=rho.device, dtype=rho.dtype)
+    f = torch.where(count > 0, later / count.clamp(min=1), rho)
+    return d + f
+
+
+def step_advantages(q: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """``[N, S]`` scores -> advantages normalised per step over each prompt's ``group_size`` completions (unbiased
+    std; a group of one has mean 0 and std 1)."""
+    g = q.double().view(-1, group_size, q.shape[-1])
+    if group_size == 1:
+        return q
+    adv = (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)
+    return adv.view_as(q).to(q.dtype)
+
+
+def select_steps(adv: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` steps with the largest ``sum_i |A_is|``, in increasing order (all steps when S <= k)."""
+    total = adv.abs().sum(0)
+    return total.topk(min(k, len(total))).indices.sort().values
+
+
+@register("mdpo")
+@dataclass
+class MDPO(Algorithm):
+    """MDPO: step rewards from intermediate predictions, confidence-weighted clipped loss on the top-K steps."""
+
+    train_steps: int = 16  # K: denoising steps trained per rollout (those with the largest total |advantage|)
+    adv_eps: float = 1e-4  # per-step normalisation epsilon (paper 1e-4; DARE 1e-6)
+    advantage: str = "step"  # MDPO's own per-step normalised scores
+    loss_mask: str = "all"  # positions masked at the step, EOS tail included
+    dual_clip: float | None = None  # plain PPO clip (the paper has no dual clip)
+    kl: str = "k2"  # the paper's (ℓ_ref - ℓ)² / 2, with beta (paper 0)
+
+    families = ("llada", "dream")
+    why_not = "a block-diffusion model never predicts past its current block: no intermediate whole-answer x0 to reward"
+    own_advantages = ("step",)
+
+    def validate(self, family):
+        if self.train_steps < 1:
+            raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
+        return super().validate(family)
+
+    def sampling(self, config, family):
+        if config.threshold is not None or config.factor is not None:
+            raise ValueError("mdpo trains a fixed number of steps per rollout: use a step schedule, not "
+                             "threshold/factor decoding")
+        config = replace(config, record_states=True, cache="none")
+        self._steps = step_budget(config, family)
+        return config
+
+    @property
+    def streams(self) -> int:
+        return min(self.train_steps, getattr(self, "_steps", self.train_steps))
+
+    def estimator(self):
+        return StepPrediction()
+
+    def advantages(self, rewards, group_size):
+        return torch.zeros_like(rewards)  # MDPO's advantages are per step (make_batch), not per completion
+
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step)
+        n, length = rollout.completion_ids.shape
+        predictions = torch.stack(rollout.predictions, 1)  # [N, S, R]
+        steps = predictions.shape[1]
+        rho = reward_of(predictions.reshape(n * steps, length), [i for i in range(n) for _ in range(steps)])
+        adv = step_advantages(step_scores(rho.view(n, steps)), group_size, self.adv_eps)
+        keep = select_steps(adv, self.streams)
+        blank = torch.full_like(rollout.completion_ids, family.mask_id)
+        states = torch.stack([blank] + rollout.states[:-1], 1)[:, keep]
+        masked = (states == family.mask_id) & batch["loss_mask"].bool()[:, None]
+        batch.update(states=states, targets=predictions[:, keep], confidence=torch.stack(rollout.confidences, 1)[:, keep],
+                     step_advantages=adv[:, keep], train_mask=masked,
+                     scale=length / masked.sum(-1).clamp(min=1), step_reward=rho.view(n, steps).mean(-1))
+        return batch
+
+    def normaliser(self, batch):
+        return batch["train_mask"].sum()
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser):
+        est = self.estimator().score(model, family, batch, {}, step=stream)
+        mask = batch["train_mask"][:, stream]
+        old = batch["old"][slot][:, stream] if "old" in batch else est.logp.detach()
+        per_token, engaged = clipped_token_loss(est.logp, old, batch["step_advantages"][:, stream], self.eps_low,
+                                                self.eps_high, self.dual_clip)
+        per_token = per_token * batch["scale"][:, stream, None]
+        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old), "entropy": est.entropy}
+        if self.beta:
+            kl = kl_estimate(est.logp, batch["ref"][slot][:, stream], self.kl)
+            per_token = per_token + self.beta * kl
+            stats["kl"] = kl.detach()
+        loss = (per_token * batch["confidence"][:, stream] * mask).sum() / normaliser.clamp(min=1)
+        tokens = mask.sum()
+        stats = {k: ((v.float() * mask).sum(), tokens) for k, v in stats.items()}
+        if stream == 0:
+            stats["step_reward"] = (batch["step_reward"].sum(), torch.tensor(float(len(batch["step_reward"]))))
+        return loss, stats

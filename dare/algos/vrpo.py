@@ -1,0 +1,85 @@
+"""VRPO (LLaDA 1.5, arXiv 2505.19223; algorithms.md §3.3): offline DPO on fixed (prompt, chosen, rejected) pairs with
+each log-likelihood replaced by a K-sample ELBO, variance-reduced as the paper says: one mask per timestep, the K mask
+counts stratified over 1..L, and antithetic sampling (the policy and the reference score a response under the same
+masks, so at theta = ref the margin is exactly 0). Chosen and rejected draw independently.
+
+    B(y)  = (1/K) sum_j (L / x_j) sum_{k masked in draw j} log p(y_k | z_j)      (prompt and padding never masked)
+    loss  = -log sigmoid(beta [(B_theta(y_w) - B_ref(y_w)) - (B_theta(y_l) - B_ref(y_l))]),  mean over pairs
+
+``normalise="padded_length"`` divides each B by the padded response length R first, as DARE does (finding 8:
+beta_eff = beta / R); the default is the paper's unnormalised ELBO. No rollout, no reward, no ratio: trained by
+``dare.trainers.preference`` (``train_rl.py --algo vrpo``). The ELBO goes through ``Family.logits``, so block
+families (the ``[x_t ‖ x_0]`` layout) are supported too (DARE: LLaDA and Dream only).
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ..likelihood import MCElbo
+from . import register
+
+NORMALISE = ("none", "padded_length")
+
+
+@register("vrpo")
+@dataclass
+class VRPO:
+    """VRPO: DPO on stratified K-sample ELBOs with masks shared by the policy and the reference (offline pairs)."""
+
+    beta: float = 0.2  # DPO beta (DARE 0.2)
+    samples: int = 4  # K: masks per response, one per stratified timestep (DARE mc_num 4)
+    normalise: str = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)
+
+    name: ClassVar[str] = ""
+    families: ClassVar[tuple[str, ...] | None] = None
+    why_not: ClassVar[str] = ""
+    uses_ratio: ClassVar[bool] = False
+    offline: ClassVar[bool] = True  # preference pairs instead of rollouts (train_rl.py dispatches on it)
+    advantage: ClassVar[str] = "dpo"  # what the algorithm matrix shows: no advantage, a DPO logit
+    loss_mask: ClassVar[str] = "all"  # every valid response token is maskable
+
+    def validate(self, family) -> "VRPO":
+        if self.families is not None and family.name not in self.families:
+            raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not})")
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.normalise not in NORMALISE:
+            raise ValueError(f"Unknown normalise {self.normalise!r}; known: {list(NORMALISE)}")
+        return self
+
+    def estimator(self) -> MCElbo:
+        return MCElbo(self.samples, per_token=False)
+
+    def corrupt(self, family, batch: dict, generators: list[torch.Generator]) -> dict:
+        """Masks ``[N, K, R]`` and ``p`` ``[N, K]``; row i is drawn from ``generators[i]`` on its own valid tokens, so
+        its masks depend neither on the other rows nor on the padding (hence not on the micro-batch size)."""
+        valid = batch["loss_mask"].bool()
+        masks = torch.zeros(len(valid), self.samples, valid.shape[1], dtype=torch.bool)
+        p = torch.zeros(len(valid), self.samples, dtype=torch.float64)  # float64: the weights L / x_j exact
+        for i, generator in enumerate(generators):
+            length = int(valid[i].sum())
+            drawn = self.estimator().corrupt(family, {"loss_mask": torch.ones(1, length, dtype=torch.long)}, generator)
+            masks[i][:, valid[i].cpu()] = drawn["masks"][0]
+            p[i] = drawn["masks"][0].sum(-1).double() / max(length, 1)  # an empty response: 0, not NaN
+        return {"masks": masks.to(valid.device), "p": p.to(valid.device)}
+
+    def elbo(self, model, family, batch: dict, noise: dict) -> torch.Tensor:
+        """``B(y)`` per row ``[N]`` (divided by ``batch["padded_length"]`` under ``normalise="padded_length"``)."""
+        value = self.estimator().score(model, family, batch, noise).logp.mean(-1)
+        return value / batch["padded_length"].to(value.dtype) if self.normalise == "padded_length" else value
+
+    def loss(self, policy: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Per-pair DPO losses ``[m]`` from the ELBOs ``[2m]`` (chosen rows first) and per-pair metrics."""
+        pairs = len(policy) // 2
+        log_ratio = policy - reference.detach()
+        chosen, rejected = log_ratio[:pairs], log_ratio[pairs:]
+        margin = chosen - rejected
+        stats = {"margin": margin, "accuracy": (margin > 0).float(), "rewards/chosen": self.beta * chosen,
+                 "rewards/rejected": self.beta * rejected, "elbo/chosen": policy[:pairs],
+                 "elbo/rejected": policy[pairs:]}
+        return -F.logsigmoid(self.beta * margin), {k: v.detach() for k, v in stats.items()}

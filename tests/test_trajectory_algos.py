@@ -1,0 +1,309 @@
+"""The rollout-record algorithms' own properties (algorithms.md §3.4 MDPO, §3.5 CJ-GRPO, §3.9 d-TreeRPO, §9 vectors;
+models-and-sampling.md §4.8) and the sampler options they need (EOS early rejection, ascending step sizes, whole-
+canvas predictions, resuming a partial decoding). Shared contract tests (ratio 1 on-policy, micro-batch
+invariance, every family) are in test_algo_contract.py."""
+
+import pytest
+import torch
+
+from dare.algos import get_algorithm
+from dare.algos.dtreerpo import distillation_targets, sd_schedule, sibling_advantages
+from dare.algos.mdpo import select_steps, step_advantages, step_scores
+from dare.engines import HFEngine
+from dare.models import Family, tiny
+from dare.sampling import SamplingConfig, generate
+from dare.sampling.primitives import decode_step, eos_factor
+
+PROMPTS = ["hi", "what is two plus two?"]
+
+
+def engine(name):
+    model, tok = tiny(name, initializer_range=0.2)
+    return HFEngine(model.double(), tok, Family.from_pretrained(model.config, tok))
+
+
+def blank(x, fam):
+    return torch.full_like(x, fam.mask_id)
+
+
+def attention(rollout, fam):
+    tail = (rollout.step_map >= 0).long() if fam.is_block_diffusion else torch.ones_like(rollout.completion_ids)
+    return torch.cat([rollout.prompt_mask, tail], 1)
+
+
+# ---------------------------------------------------------------------------------------------- cj-grpo
+
+@pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2"])
+def test_cj_replay_reproduces_states_and_the_path_log_probability(name):
+    """Replaying the recorded steps gives the sampler's state before every step, and the per-step log-probs sum
+    to the path's log-probability computed independently from the recorded states (single-stream forwards)."""
+    eng = engine(name)
+    fam, model = eng.family, eng.model
+    algo = get_algorithm("cj-grpo")().validate(fam)
+    config = algo.sampling(SamplingConfig(gen_length=8 if fam.block_size != 32 else 64, temperature=1.0,
+                                          steps=4 if not fam.is_block_diffusion else 2, block_length=None,
+                                          record_states=True, stop_at_eos=False), fam)
+    rollout = eng.generate(PROMPTS, 2, config, seed=3)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0)
+    steps, completion = batch["steps"], batch["completion_ids"]
+    assert (steps >= 0).all() and steps.max() < algo.streams
+    expected = torch.zeros(len(completion), dtype=torch.float64)
+    for g, before in enumerate([blank(completion, fam)] + rollout.states[:-1]):
+        committed = rollout.step_map == g
+        if not fam.is_block_diffusion:  # global steps: the replayed state is the recorded one
+            assert torch.equal(completion.masked_fill(steps >= g, fam.mask_id), before), g
+        else:  # block-parallel local step j: each row's current block is replayed as it was then
+            grid = (rollout.prompt_mask.sum(-1, keepdim=True) + torch.arange(completion.shape[1])) // fam.block_size
+            for r in committed.any(-1).nonzero()[:, 0]:
+                i = committed[r].nonzero()[0, 0]
+                block = grid[r] == grid[r, i]
+                replay = completion[r].masked_fill(steps[r] >= rollout.block_step[r, i], fam.mask_id)
+                assert torch.equal(replay[block], before[r, block]), (g, r)
+        logits = fam.logits(model, torch.cat([rollout.prompt_ids, before], 1), attention(rollout, fam))
+        logp = logits[:, rollout.prompt_ids.shape[1]:].double().log_softmax(-1).gather(-1, completion[..., None])[..., 0]
+        expected += (logp * committed).sum(-1)
+    with torch.no_grad():
+        replayed = algo.estimator().score(model, fam, batch, {}).logp.sum(-1)
+    torch.testing.assert_close(replayed, expected, atol=1e-9, rtol=1e-9)
+
+
+def test_cj_masked_families_use_global_steps_block_families_local_ones():
+    """Spec finding 1: an MDLM trajectory over several blocks carries global step ids (block b's steps follow
+    block b-1's); each token is assigned exactly one step; block families replay block-local steps."""
+    eng = engine("llada")
+    algo = get_algorithm("cj-grpo")()
+    config = algo.sampling(SamplingConfig(gen_length=16, block_length=8, steps=8), eng.family)
+    rollout = eng.generate(PROMPTS, 1, config, seed=0)
+    batch = algo.make_batch(eng.family, rollout, torch.zeros(2), 1, None, 0)
+    assert algo.streams == 8 and torch.equal(batch["steps"], rollout.step_map)
+    assert (batch["steps"][:, 8:].min(-1).values > batch["steps"][:, :8].max(-1).values).all()
+    counts = torch.stack([(batch["steps"] == s).sum(-1) for s in range(8)], -1)
+    assert (counts == 2).all()  # 16 tokens over 8 steps, each token once
+    sdar = engine("sdar")
+    config = algo.sampling(SamplingConfig(gen_length=8, steps=2, stop_at_eos=False), sdar.family)
+    rollout = sdar.generate(PROMPTS, 1, config, seed=0)
+    batch = algo.make_batch(sdar.family, rollout, torch.zeros(2), 1, None, 0)
+    assert algo.streams == 2 and torch.equal(batch["steps"], rollout.block_step) and batch["steps"].max() == 1
+
+
+def test_cj_block_replay_keeps_the_stop_block():
+    """After an early stop the visible completion ends at the stop token, but the replay keeps the stop token's
+    whole block (tokens decoded after it in that block), identical to the decoding without stopping."""
+    model, tok = tiny("sdar", initializer_range=0.2)
+    fam = Family.from_pretrained(model.config, tok)
+    add = torch.zeros(fam.vocab_size)
+    add[fam.eos_id] = 4.0
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: out + add)
+    ids = torch.randint(20, 200, (3, 6), generator=torch.Generator().manual_seed(1))
+    cfg = SamplingConfig(gen_length=24, steps=2)
+    stop = generate(model, fam, ids, None, cfg)
+    full = generate(model, fam, ids, None, SamplingConfig(gen_length=24, steps=2, stop_at_eos=False))
+    b, checked = fam.block_size, 0
+    for r in range(3):
+        hits = torch.isin(stop.sequences[r], torch.tensor(fam.stop_ids)).nonzero()
+        if not len(hits):
+            continue
+        end = ((6 + int(hits[0])) // b + 1) * b - 6  # first generated index after the stop's block
+        checked += end > int(hits[0]) + 1
+        assert torch.equal(stop.replay_ids[r, :end], full.sequences[r, :end])
+        assert torch.equal(stop.replay_step[r, :end], full.block_step[r, :end])
+        assert (stop.replay_step[r, end:] == -1).all() and (stop.sequences[r, int(hits[0]) + 1:] == fam.pad_id).all()
+    assert checked, "no row stopped before the end of its block"
+
+
+def test_cj_normalisers_step_mean_and_transition_weights():
+    eng = engine("sdar")
+    fam = eng.family
+    for aggregation in ("step", "transition"):
+        algo = get_algorithm("cj-grpo")(aggregation=aggregation).validate(fam)
+        config = algo.sampling(SamplingConfig(gen_length=8, steps=2, stop_at_eos=False), fam)
+        batch = algo.make_batch(fam, eng.generate(PROMPTS, 2, config, seed=0), torch.zeros(4), 2, None, 0)
+        norm = algo.normaliser(batch)
+        if aggregation == "step":
+            assert norm.tolist() == [int((batch["steps"] == s).sum()) for s in range(algo.streams)]
+        else:  # each sample's transition weights sum to one; every token of a transition weighs the same
+            assert int(norm) == 4
+            torch.testing.assert_close(batch["weights"].sum(-1), torch.ones(4))
+
+
+def test_eos_early_rejection_and_ascending_steps():
+    """EOSER scales EOS confidences by a factor rising from gamma_min to 1; ASS commits 1, 2, 4, ... tokens."""
+    assert eos_factor(0.01, 0, 5) == 0.01 and eos_factor(0.01, 4, 5) == 1.0 and eos_factor(None, 0, 5) == 1.0
+    logits = torch.full((1, 2, 5), -5.0)
+    logits[0, 0, 1], logits[0, 1, 3] = 5.0, 0.5  # position 0 proposes EOS (id 1) confidently
+    config = SamplingConfig(remasking="low_confidence", schedule="linear")
+    masked, n = torch.ones(1, 2, dtype=torch.bool), torch.tensor([1])
+    assert decode_step(logits, masked, n, config, eos_id=1)[1].tolist() == [[True, False]]
+    assert decode_step(logits, masked, n, config, eos_id=1, eos_scale=0.01)[1].tolist() == [[False, True]]
+    eng = engine("llada")
+    out = eng.generate(PROMPTS, 1, SamplingConfig(gen_length=8, schedule="ascending"), seed=0)
+    assert torch.bincount(out.step_map[0]).tolist() == [1, 2, 4, 1]  # 4 = ceil(log2(9)) steps for 8 tokens
+    sdar = engine("sdar")
+    out = sdar.generate(PROMPTS, 1, SamplingConfig(gen_length=8, schedule="ascending", stop_at_eos=False), seed=0)
+    assert out.block_step.max() == 2 and (out.step_map >= 0).all()  # blocks of 4: 1 + 2 + 1
+    with pytest.raises(ValueError, match="eos_early_rejection scales a probability"):
+        eng.generate(PROMPTS, 1, SamplingConfig(gen_length=8, remasking="entropy", eos_early_rejection=0.1))
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_resuming_a_partial_decoding_continues_it(name):
+    """Greedy decoding stopped at step 3 and resumed from its canvas equals the uninterrupted decoding; the
+    resumed run's step ids continue the schedule. Block families refuse to resume."""
+    eng = engine(name)
+    config = SamplingConfig(gen_length=8, block_length=4, steps=8)
+    whole = eng.generate(PROMPTS, 1, config)
+    first = eng.generate(PROMPTS, 1, config, to_step=3)
+    assert torch.equal(first.completion_ids != eng.family.mask_id, (whole.step_map >= 0) & (whole.step_map < 3))
+    rest = eng.generate(PROMPTS, 1, config, canvas=first.completion_ids, from_step=3)
+    assert torch.equal(rest.completion_ids, whole.completion_ids)
+    assert torch.equal(rest.step_map[first.step_map < 0], whole.step_map[first.step_map < 0])
+    assert torch.equal(rest.completion_mask, whole.completion_mask) and rest.texts == whole.texts
+    with pytest.raises(ValueError, match="from_step"):
+        eng.generate(PROMPTS, 1, config, to_step=9)
+    with pytest.raises(ValueError, match="resuming from a partial canvas"):
+        engine("sdar").generate(PROMPTS, 1, SamplingConfig(gen_length=8), from_step=1)
+
+
+# ---------------------------------------------------------------------------------------------- mdpo
+
+def test_mdpo_vectors_and_step_selection():
+    q = step_scores(torch.tensor([[0.0, 0.0, 1.0, 1.0]], dtype=torch.float64))
+    torch.testing.assert_close(q, torch.tensor([[5 / 3, 2.0, 3.0, 2.0]], dtype=torch.float64))
+    scores = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 0.0], [0.0, 5.0, 1.0], [0.0, 5.0, 3.0]])
+    adv = step_advantages(scores, 2)
+    torch.testing.assert_close(adv.view(2, 2, 3).mean(1), torch.zeros(2, 3))
+    torch.testing.assert_close(adv[:2, 0], torch.tensor([-1, 1]) / (2 ** 0.5 + 1e-4))  # unbiased std over the group
+    assert (adv[2:, 1] == 0).all()  # equal scores at a step: no signal
+    torch.testing.assert_close(step_advantages(scores, 1), scores)  # a group of one: mean 0, std 1
+    total = torch.tensor([[0.1, 3.0, 0.2, 2.0, 5.0]])
+    assert select_steps(total, 3).tolist() == [1, 3, 4] and select_steps(total, 9).tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_mdpo_step_rewards_from_recorded_predictions(name):
+    eng = engine(name)
+    fam = eng.family
+    algo = get_algorithm("mdpo")(train_steps=3).validate(fam)
+    config = algo.sampling(SamplingConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, cache="prefix"), fam)
+    assert config.record_states and config.cache == "none" and algo.streams == 3
+    rollout = eng.generate(PROMPTS, 2, config, seed=1)
+    seen = []
+
+    def reward_of(ids, rows):  # a reward that varies: the fraction of even token ids
+        seen.append((ids.clone(), list(rows)))
+        return (ids % 2 == 0).double().mean(-1)
+
+    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, reward_of, 0)
+    predictions = torch.stack(rollout.predictions, 1)
+    (ids, rows), = seen
+    assert torch.equal(ids, predictions.reshape(-1, 8)) and rows == [i for i in range(4) for _ in range(8)]
+    befores = [blank(rollout.completion_ids, fam)] + rollout.states[:-1]
+    for s, before in enumerate(befores):  # x0 keeps decoded tokens, fills masks; confidence on masks only
+        decoded = before != fam.mask_id
+        assert not (predictions[:, s] == fam.mask_id).any()
+        assert torch.equal(predictions[:, s][decoded], before[decoded])
+        committed = rollout.step_map == s
+        assert torch.equal(predictions[:, s][committed], rollout.completion_ids[committed])
+        conf = rollout.confidences[s]
+        assert (conf[decoded] == 0).all() and ((conf[~decoded] > 0) & (conf[~decoded] <= 1)).all()
+    rho = ((predictions % 2 == 0).double().mean(-1))
+    adv = step_advantages(step_scores(rho), 2, algo.adv_eps)
+    keep = select_steps(adv, 3)
+    torch.testing.assert_close(batch["step_advantages"], adv[:, keep])
+    assert torch.equal(batch["states"], torch.stack(befores, 1)[:, keep])
+    masked = batch["states"] == fam.mask_id
+    assert torch.equal(batch["train_mask"], masked)
+    torch.testing.assert_close(batch["scale"], 8 / masked.sum(-1).float())
+
+
+def test_mdpo_on_policy_loss_is_the_weighted_advantage_mean():
+    """Sanity 4: with ratio 1 the loss is -sum m lambda c A / sum m (and its gradient the REINFORCE one)."""
+    eng = engine("llada")
+    fam = eng.family
+    algo = get_algorithm("mdpo")(train_steps=2).validate(fam)
+    config = algo.sampling(SamplingConfig(gen_length=8, steps=8, temperature=1.0), fam)
+    rollout = eng.generate(PROMPTS, 2, config, seed=2)
+    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, lambda ids, rows: (ids % 3 == 0).double().mean(-1), 0)
+    norm = algo.normaliser(batch)
+    total = 0.0
+    for k in range(2):
+        loss, _ = algo.step_loss(eng.model, fam, batch, 0, k, norm)
+        total += float(loss.detach())
+    m = batch["train_mask"].double()
+    expected = -(m * batch["scale"][..., None] * batch["confidence"] * batch["step_advantages"][..., None]).sum() / m.sum()
+    assert total == pytest.approx(float(expected), rel=1e-9, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- d-treerpo
+
+def test_dtreerpo_vectors():
+    adv = sibling_advantages(torch.tensor([0.5, 0.25, 1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(adv, torch.tensor([1 / 12, -0.25, 0.75, -7 / 12], dtype=torch.float64))
+    assert float(adv.sum()) == pytest.approx(0.0, abs=1e-12)
+    assert torch.equal(sibling_advantages(torch.tensor([0.7])), torch.tensor([0.7]))  # no siblings: baseline 0
+    weight, tau = sd_schedule(0.5, 3e-3, 2.0, 2.0, 0.7)
+    assert weight == pytest.approx(8.0682e-4, rel=1e-4) and tau == pytest.approx(1.231144, rel=1e-6)
+    assert sd_schedule(0.0, 3e-3, 2, 2, 0.7) == (0.0, 2.0) and sd_schedule(1.0, 3e-3, 2, 2, 0.7)[0] == pytest.approx(3e-3)
+
+
+def test_dtreerpo_tree_structure_values_and_edges():
+    """Every leaf continues its first-level node; tree values and sibling advantages match a hand computation;
+    along a root-to-leaf path the two edges' tokens are disjoint and cover the completion."""
+    eng = engine("llada")
+    fam = eng.family
+    algo = get_algorithm("d-treerpo")(branch=3, loss_mask="all").validate(fam)
+    config = SamplingConfig(gen_length=8, steps=8, temperature=1.0)
+    rollout = algo.rollout(eng, PROMPTS, 6, config, seed=0)  # per prompt: 2 first-level nodes x 3 leaves
+    first = rollout.records["first_level"]
+    assert first.shape == (4, 8) and ((first != fam.mask_id).sum(-1) == 4).all()  # 4 of 8 one-token steps
+    leaves = rollout.completion_ids
+    assert not (leaves == fam.mask_id).any()
+    parent = first.repeat_interleave(3, 0)
+    assert torch.equal(leaves[parent != fam.mask_id], parent[parent != fam.mask_id])
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5])
+    batch = algo.make_batch(fam, rollout, rewards, 6, None, 0)
+    # prompt 0: first-level values .5 and 0 -> root edges +.5 / -.5; leaves 1 - .25, 0 - .75, .5 - .5 and 0, 0, 0
+    # prompt 1: first-level values 1 and .5 -> +.5 / -.5; leaves 0, 0, 0 and 0 - .75, 1 - .25, .5 - .5
+    expected = torch.tensor([[0.5, -0.5, 0.0], [0.75, -0.75, 0.0], [0.0, 0.0, 0.0],
+                             [0.5, -0.5, 0.0], [0.0, 0.0, 0.0], [-0.75, 0.75, 0.0]])
+    torch.testing.assert_close(batch["advantages"], expected)
+    assert torch.equal(batch["completion_ids"][[0, 3]], blank(leaves[:2], fam))  # root parents: all masks
+    active = batch["active"]
+    for p in range(2):
+        root = 3 * p
+        for a in range(2):
+            for k in range(3):
+                edge1, edge2 = active[root, a], active[root + 1 + a, k]
+                assert not (edge1 & edge2).any() and (edge1 | edge2).all()
+    assert not active[0, 2].any()  # the root has 2 children: its third slot is padding
+
+
+def test_dtreerpo_prompt_padding_is_invisible():
+    """Finding 10: a tree row of the shorter (left-padded) prompt scores exactly as without any padding."""
+    eng = engine("llada")
+    fam = eng.family
+    algo = get_algorithm("d-treerpo")(branch=2).validate(fam)
+    rollout = algo.rollout(eng, PROMPTS, 2, SamplingConfig(gen_length=8, steps=8, temperature=1.0), seed=0)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, None, 0)
+    assert (batch["prompt_mask"][:2] == 0).any()  # "hi" is the shorter prompt: left-padded
+    alone = {k: v[:2] for k, v in batch.items()}
+    width = int(alone["prompt_mask"][0].sum())
+    alone["prompt_ids"], alone["prompt_mask"] = alone["prompt_ids"][:, -width:], alone["prompt_mask"][:, -width:]
+    with torch.no_grad():
+        padded, unpadded = algo.score(eng.model, fam, batch, {}).logp[:2], algo.score(eng.model, fam, alone, {}).logp
+    torch.testing.assert_close(padded, unpadded, atol=1e-10, rtol=1e-10)
+
+
+def test_dtreerpo_self_distillation_targets():
+    """Positive siblings (A > 0) weighted by softmax(A / tau) form q at each position; agreeing siblings merge."""
+    children = torch.tensor([[[5, 6], [5, 7], [9, 9]]])  # 3 siblings, 2 positions
+    active = torch.ones(1, 3, 2, dtype=torch.bool)
+    adv = torch.tensor([[1.0, 0.5, -1.5]])
+    omega, logq = distillation_targets(children, active, adv, torch.ones(1, 3, dtype=torch.bool), tau=1.0)
+    w = torch.softmax(torch.tensor([1.0, 0.5]), 0)
+    torch.testing.assert_close(omega[0, :, 0], torch.tensor([w[0], w[1], 0.0]))
+    torch.testing.assert_close(logq[0, :2, 0], torch.zeros(2))  # both chose 5: q = 1
+    torch.testing.assert_close(logq[0, :2, 1], torch.log(w))
+    assert (omega[0, 2] == 0).all()  # the negative child is not a target
+    lone = distillation_targets(children[:, :1], active[:, :1], adv[:, :1], torch.ones(1, 1, dtype=torch.bool), 1.0)
+    assert (lone[0] == 0).all()  # a group needs two members
