@@ -6,7 +6,7 @@ for training (old/reference passes included, rollout excluded).
     python bench/bench_algos.py                          # tiny LLaDA (EBPO: tiny SDAR), 60 rollouts each, ~35 min
     python bench/bench_algos.py --algos d1 bgpo --rollouts 20
 
-Setup (tests/test_rl_learns.py's): a tiny model SFT'd 600 steps on generated single-digit sums answers ~18 % of
+Setup (the quickstart's, tests/test_quickstart.py): a tiny model SFT'd 600 steps on generated single-digit sums answers ~18 % of
 held-out prompts; each algorithm then gets ``--rollouts`` rollout batches of 16 prompts x 8 completions (T = 1,
 lr 3e-4, 12 tokens), i.e. ``rollouts x num_iterations`` optimiser steps, with its own defaults otherwise (K = 16
 for BGPO/EBPO, mu = 8 for ESPO, mu = 12 and trees of 2 x 4 leaves for d-TreeRPO, all 12 steps for CJ-GRPO and

@@ -57,23 +57,31 @@ def test_two_process_cpu_ddp(tmp_path):
     assert epochs == pytest.approx([4 / 64 * step for step in range(1, 5)]), epochs
 
 
-def test_two_process_cpu_rl(tmp_path):
+@pytest.mark.parametrize("algo, extra", [
+    ("d1", []),
+    ("cj-grpo", ["--algo-config.mini-batches", "2"]),  # per-step (vector) normalisers, one per mini-batch
+    ("d-treerpo", ["--algo-config.branch", "2", "--algo-config.num-iterations", "1"]),  # rows = tree parents
+])
+def test_two_process_cpu_rl(algo, extra, tmp_path):
     """train_rl.py under a 2-process launch: each rank rolls out its own prompts (the normaliser and metrics are
     reduced over both), validation is sharded and gathered, and the checkpoint is complete."""
     from dare.data.tasks import write_task
     train = write_task("addition", str(tmp_path / "train.jsonl"), 64, 0, "train")
     test = write_task("addition", str(tmp_path / "test.jsonl"), 5, 0, "test")
     out_dir = tmp_path / "out"
-    _launch(["train_rl.py", "--algo", "d1", "--model", "tiny:llada", "--data.path", train, "--data.eval-path", test,
+    _launch(["train_rl.py", "--algo", algo, "--model", "tiny:llada", "--data.path", train, "--data.eval-path", test,
              "--max-steps", "2", "--save-steps", "2", "--eval-steps", "2", "--prompts-per-step", "4",
              "--num-generations", "2", "--micro-batch-size", "2", "--rollout.gen-length", "8",
-             "--validation.gen-length", "8", "--output-dir", str(out_dir)])
+             "--validation.gen-length", "8", "--output-dir", str(out_dir), *extra])
     checkpoint = out_dir / "checkpoint-2"
     assert (checkpoint / "COMPLETE").exists()
     history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     train_logs = [h for h in history if "loss" in h]
-    assert [h["epoch"] for h in train_logs] == pytest.approx([4 / 64, 8 / 64])  # 2 ranks x 2 prompts per step
-    assert all("reward/addition" in h and "rollout/tokens_per_s" in h for h in train_logs)
+    assert len(train_logs) == 2 and all(h["grad_norm"] == h["grad_norm"] for h in train_logs)  # not NaN
+    rollouts = train_logs if algo != "cj-grpo" else train_logs[:1]  # two mini-batch steps share one rollout
+    assert all("reward/addition" in h and "rollout/tokens_per_s" in h for h in rollouts)
+    if algo == "d1":
+        assert [h["epoch"] for h in train_logs] == pytest.approx([4 / 64, 8 / 64])  # 2 ranks x 2 prompts per step
     assert any("eval_acc/addition" in h for h in history)
 
 

@@ -31,8 +31,7 @@ class CJGRPO(Algorithm):
 
     advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
     loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
-    aggregation: str = "step"  # step: token mean per step, averaged over steps (paper); transition: each (sample,
-    # block, step) transition weighs 1/#its tokens/#the sample's transitions, mean over samples (DARE, block families)
+    aggregation: str = "step"  # step: token mean per step, averaged over steps (paper) | transition: every sample's (block, step) transitions weigh 1 in all, mean over samples (DARE's block families)
 
     def validate(self, family):
         if self.aggregation not in AGGREGATIONS:

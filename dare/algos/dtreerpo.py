@@ -61,15 +61,15 @@ class DTreeRPO(Algorithm):
     branch: int = 4  # children of each first-level node (the root gets num_generations / branch children)
     split: float = 0.5  # fraction of the decoding steps the first level takes (the branch point)
     sd_weight: float = 3e-3  # lambda_max of the self-distillation term (0: off)
-    sd_gamma: float = 2.0
+    sd_gamma: float = 2.0  # lambda_t = lambda_max (e^{gamma p} - 1) / (e^gamma - 1), p = training progress
     sd_temperature: float = 2.0  # tau_max
     sd_power: float = 0.7  # tau_t = tau_max (1 - progress)^power
     sd_horizon: int = 30000  # optimiser steps over which the SD schedule runs (progress = step / horizon)
-    num_iterations: int = 12
-    eps_low: float = 0.4
+    num_iterations: int = 12  # passes over each tree batch (paper and DARE: 12 epochs)
+    eps_low: float = 0.4  # paper: clip 0.4
     eps_high: float = 0.4
-    dual_clip: float | None = None
-    beta: float = 0.01
+    dual_clip: float | None = None  # the paper has no dual clip
+    beta: float = 0.01  # k3 KL to the reference (the LoRA-disabled base in the paper's setup)
     advantage: str = "tree"  # sibling leave-one-out of tree values, no std
     loss_mask: str = "upto_first_eos"  # an edge's tokens up to the child's first stop token
 

@@ -22,8 +22,8 @@ from .core import clipped_token_loss, kl_estimate
 
 
 def step_scores(rho: torch.Tensor) -> torch.Tensor:
-    """``[..., S]`` step rewards -> scores ``q_s = d_s + f_s``: d_0 = ρ_0 + 1, d_s = ρ_s - ρ_{s-1} + 1; f_s the mean of
-    the later rewards (f_{S-1} = ρ_{S-1})."""
+    """``[..., S]`` step rewards -> scores ``q_s = d_s + f_s``: d_0 = ρ_0 + 1, d_s = ρ_s - ρ_{s-1} + 1; f_s the
+    mean of the later rewards (f_{S-1} = ρ_{S-1})."""
     d = torch.cat([rho[..., :1], rho[..., 1:] - rho[..., :-1]], -1) + 1
     later = rho.flip(-1).cumsum(-1).flip(-1) - rho  # sum of rho_{s+1..S-1}
     count = torch.arange(rho.shape[-1] - 1, -1, -1, device=rho.device, dtype=rho.dtype)
@@ -97,7 +97,8 @@ class MDPO(Algorithm):
         blank = torch.full_like(rollout.completion_ids, family.mask_id)
         states = torch.stack([blank] + rollout.states[:-1], 1)[:, keep]
         masked = (states == family.mask_id) & batch["loss_mask"].bool()[:, None]
-        batch.update(states=states, targets=predictions[:, keep], confidence=torch.stack(rollout.confidences, 1)[:, keep],
+        confidence = torch.stack(rollout.confidences, 1)[:, keep]
+        batch.update(states=states, targets=predictions[:, keep], confidence=confidence,
                      step_advantages=adv[:, keep], train_mask=masked,
                      scale=length / masked.sum(-1).clamp(min=1), step_reward=rho.view(n, steps).mean(-1))
         return batch

@@ -86,7 +86,9 @@ def step_budget(config: SamplingConfig, family) -> int:
         return config.gen_length
     if config.steps:
         return config.steps
-    return ascending_steps(block) * (config.gen_length // block) if config.schedule == "ascending" else config.gen_length
+    if config.schedule == "ascending":
+        return ascending_steps(block) * (config.gen_length // block)
+    return config.gen_length
 
 
 @dataclass

@@ -2,7 +2,7 @@
 before and after, with a table and a PNG of the reward curve and the accuracies. No GPU, no downloads.
 
     python recipes/quickstart/run.py                              # tiny LLaDA, d1, ~3 minutes on 2 CPU cores
-    python recipes/quickstart/run.py --family sdar --algo ebpo    # any family, any registered algorithm
+    python recipes/quickstart/run.py --family sdar --algo ebpo    # any registered algorithm, on a family it supports
     python recipes/quickstart/run.py --sft-steps 100 --rl-steps 4 --output-dir outputs/qs-smoke   # a smoke run
 
 Stages (each a real script's main, each writing under --output-dir): data (generated train/test splits) -> SFT
