@@ -139,6 +139,8 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
             noise = algo.corrupt(family, batch, generator)
             for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts)):
                 part.setdefault("noise", []).append(piece)
+            if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
+                break
         if (algo.cycle > 1 and algo.uses_ratio) or algo.beta:
             self._score_old_and_reference(parts)
         self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
@@ -191,7 +193,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         algo = self.algorithm
-        slot = inputs["iteration"] if algo.resample_noise else 0
+        slot = min(inputs["iteration"], len(inputs["batch"]["noise"]) - 1)  # one slot unless noise is redrawn
         loss, stats = algo.step_loss(model, self.family, inputs["batch"], slot, inputs["stream"],
                                      self._normalisers[inputs["mini"]])
         for name, (total, count) in stats.items():
