@@ -4,8 +4,9 @@ The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> `
 default one per completion with its ``advantages``) -> ``corrupt`` for each inner iteration (noise, stored and
 shared by the old / reference / current policy) -> old and reference ``score`` without gradients (only when
 needed) -> for every mini-batch, micro-batch and each of its ``streams``: ``step_loss`` -> backward. Streams split
-one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a position): memory stays that of one piece, and the sum is the unstreamed loss. An algorithm file subclasses
-:class:`Algorithm` and overrides only the hooks where it differs. Its dataclass fields are its knobs: they become
+one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a position): memory stays that of
+one piece, and the sum is the unstreamed loss. An algorithm file subclasses :class:`Algorithm` and overrides only
+the hooks where it differs. Its dataclass fields are its knobs: they become
 ``--algo-config.*`` flags and the ``algo_config:`` section of a recipe.
 """
 

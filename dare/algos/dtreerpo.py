@@ -107,20 +107,16 @@ class DTreeRPO(Algorithm):
         c, b = group_size // self.branch, self.branch
         width, length = max(c, b), rollout.completion_ids.shape[1]
         prompts = len(rollout.completion_ids) // group_size
-        blank = torch.full((prompts, 1, length), family.mask_id, device=rollout.completion_ids.device)
+        device = rollout.completion_ids.device
         first = rollout.records["first_level"].view(prompts, c, length)
-        leaves = rollout.completion_ids.view(prompts, c, b, length)
         leaf_values = rewards.view(prompts, c, b)
-
-        def pad(x, fill):  # [P, n, C'] -> [P, n, width]
-            return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, width - x.shape[2]), value=fill)
-
-        parents = torch.cat([blank, first], 1)  # [P, 1 + c, R]
-        children = torch.cat([pad(first[:, None], family.mask_id), pad(leaves, family.mask_id)], 1)
-        adv = torch.cat([pad(sibling_advantages(leaf_values.mean(-1))[:, None, :, None], 0.0)[..., 0],
-                         pad(sibling_advantages(leaf_values)[..., None], 0.0)[..., 0]], 1)
-        valid = torch.cat([pad(torch.ones(prompts, 1, c, 1, dtype=torch.bool, device=adv.device), False)[..., 0],
-                           pad(torch.ones(prompts, c, b, 1, dtype=torch.bool, device=adv.device), False)[..., 0]], 1)
+        parents = torch.cat([torch.full((prompts, 1, length), family.mask_id, device=device), first], 1)
+        children = torch.full((prompts, 1 + c, width, length), family.mask_id, device=device)  # unused slots: masks
+        adv = torch.zeros(prompts, 1 + c, width, device=device)
+        valid = torch.zeros(prompts, 1 + c, width, dtype=torch.bool, device=device)
+        children[:, 0, :c], children[:, 1:, :b] = first, rollout.completion_ids.view(prompts, c, b, length)
+        adv[:, 0, :c], adv[:, 1:, :b] = sibling_advantages(leaf_values.mean(-1)), sibling_advantages(leaf_values)
+        valid[:, 0, :c], valid[:, 1:, :b] = True, True
         rows = prompts * (1 + c)
         parents, children, adv, valid = (x.reshape(rows, *x.shape[2:]) for x in (parents, children, adv, valid))
         active = (parents[:, None] == family.mask_id) & (children != family.mask_id) & valid[..., None]
@@ -132,7 +128,7 @@ class DTreeRPO(Algorithm):
         pick = torch.arange(prompts, device=adv.device).repeat_interleave(1 + c) * group_size
         return {"prompt_ids": rollout.prompt_ids[pick], "prompt_mask": rollout.prompt_mask[pick],
                 "completion_ids": parents, "completion_mask": torch.ones_like(parents), "children": children,
-                "advantages": adv.float(), "active": active, "loss_mask": active.any(1).long(),
+                "advantages": adv, "active": active, "loss_mask": active.any(1).long(),
                 "sd_mass": sd_mass, "sd_logq": sd_logq, "sd_lambda": torch.full((rows,), weight, device=adv.device)}
 
     def normaliser(self, batch):

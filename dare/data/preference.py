@@ -141,6 +141,7 @@ class PreferenceCollator:
 
     def __call__(self, pairs: list[dict]) -> dict:
         from ..engines import encode  # engines import the samplers: loaded on first use only
+        from ..engines.hf import left_pad
 
         config, pad = self.config, self.family.pad_id
         encoded = encode(self.tokenizer, [p["prompt"] for p in pairs])
@@ -153,13 +154,11 @@ class PreferenceCollator:
                 ids.append(self.family.eos_id)
                 cut[i] |= len(ids) > config.max_response_length
                 responses.append(ids[:config.max_response_length])
-        prompts = prompts + prompts
-        width, length = max(map(len, prompts)), max(map(len, responses))
-        prompt_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        prompt_ids, prompt_mask = left_pad(prompts + prompts, pad)
+        length = max(map(len, responses))
         completion_ids = torch.full((len(responses), length), pad, dtype=torch.long)
-        prompt_mask, completion_mask = torch.zeros_like(prompt_ids), torch.zeros_like(completion_ids)
-        for r, (p, c) in enumerate(zip(prompts, responses)):
-            prompt_ids[r, width - len(p):], prompt_mask[r, width - len(p):] = torch.tensor(p), 1
+        completion_mask = torch.zeros_like(completion_ids)
+        for r, c in enumerate(responses):
             completion_ids[r, :len(c)], completion_mask[r, :len(c)] = torch.tensor(c), 1
         return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                 "completion_mask": completion_mask, "loss_mask": completion_mask.clone(),

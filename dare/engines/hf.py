@@ -88,10 +88,16 @@ class HFEngine:
                        torch.cat([g.replay_step for _, _, g in parts]) if replay else None)
 
     def _left_pad(self, rows: list[list[int]], device):
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.family.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row):] = torch.tensor(row)
-            mask[r, width - len(row):] = 1
+        ids, mask = left_pad(rows, self.family.pad_id)
         return ids.to(device), mask.to(device)
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as a left-padded ``[N, longest]`` batch and its attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[r, width - len(row):] = 1
+    return ids, mask
