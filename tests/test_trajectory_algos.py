@@ -327,3 +327,16 @@ def test_cj_transition_weights_do_not_depend_on_micro_batches(tmp_path):
     assert max((one[k] - four[k]).abs().max().item() for k in one) < 1e-6
     start = weights("tiny:sdar")
     assert any((one[k] - start[k]).abs().max() > 1e-5 for k in one)
+
+
+def test_clear_errors_for_rollouts_these_algorithms_cannot_use():
+    eng = engine("llada")
+    fam = eng.family
+    with pytest.raises(ValueError, match=r"num_generations \(3\) must be a multiple of branch \(2\)"):
+        get_algorithm("d-treerpo")(branch=2).rollout(eng, PROMPTS, 3, SamplingConfig(gen_length=8), 0)
+    with pytest.raises(ValueError, match="mdpo trains a fixed number of steps"):
+        get_algorithm("mdpo")().sampling(SamplingConfig(gen_length=8, threshold=0.9), fam)
+    with pytest.raises(ValueError, match="cj-grpo replays first-unmask steps"):
+        get_algorithm("cj-grpo")().sampling(SamplingConfig(gen_length=8, editing_threshold=0.9), fam)
+    with pytest.raises(ValueError, match="Unknown aggregation 'mean'"):
+        get_algorithm("cj-grpo")(aggregation="mean").validate(fam)
