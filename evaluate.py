@@ -12,8 +12,11 @@
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
 folder or ``tiny:<family>``; ``--config`` YAML files set the defaults. Benchmarks are scored by the RL rewards
 (math-verify, sandboxed code execution). Samples are appended to ``<output-dir>/samples.<rank>.jsonl`` as they
-finish and a rerun skips them; ``report.json`` / ``report.md`` hold accuracy, pass@k, tokens/s and forward passes
-per token for every benchmark. Under ``accelerate launch`` the prompts are sharded over the processes.
+finish, with a fingerprint of what made them (model, weights, sampling knobs, seed, batching, prompt; in full in
+``fingerprint.json``): a rerun skips the matching ones and refuses a folder made by another model or other settings
+(``--overwrite`` recomputes). ``report.json`` / ``report.md`` hold accuracy, pass@k, tokens/s and forward passes per
+token (of the samples decoded in this run) for every benchmark. Under ``accelerate launch`` the prompts are sharded
+over the processes.
 """
 
 import sys
@@ -52,6 +55,7 @@ class Args:
     pass_k: list[int] = field(default_factory=lambda: [1])  # report pass@k for these k (needs samples >= k)
     batch_size: int = 16  # prompts decoded together
     output_dir: str = "outputs/eval"
+    overwrite: bool = False  # recompute: first delete the samples/report/fingerprint evaluate.py wrote in output_dir
     compare: list[str] | None = None  # report.json files to put side by side (no model needed)
     plot: str | None = None  # with --compare: write a bar chart PNG here
 
@@ -79,10 +83,14 @@ def process_state():
 
 
 def run_benchmarks(args: Args, engine: HFEngine) -> dict:
-    return harness.evaluate_benchmarks(
-        engine, [b.strip() for b in args.bench.split(",") if b.strip()], args.sampling, Path(args.output_dir),
-        data_dir=args.data_dir, limit=args.limit, samples=args.samples, pass_k=args.pass_k,
-        batch_size=args.batch_size, seed=args.seed, model_name=args.model, state=process_state())
+    try:
+        return harness.evaluate_benchmarks(
+            engine, [b.strip() for b in args.bench.split(",") if b.strip()], args.sampling, Path(args.output_dir),
+            data_dir=args.data_dir, limit=args.limit, samples=args.samples, pass_k=args.pass_k,
+            batch_size=args.batch_size, seed=args.seed, model_name=args.model, state=process_state(),
+            overwrite=args.overwrite)
+    except harness.StaleSamples as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(args: Args):

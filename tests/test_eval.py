@@ -1,5 +1,6 @@
-"""Benchmark evaluation: exact scoring on known outputs (a scripted engine), pass@k, the resumable sample log,
-reports and comparisons, clear errors, and evaluate.py end to end on tiny models."""
+"""Benchmark evaluation: exact scoring on known outputs (a scripted engine), pass@k, the resumable sample log and
+its fingerprint (a folder made by another model, weights, sampling or prompts is refused, never reused), reports and
+comparisons, clear errors, and evaluate.py end to end on tiny models."""
 
 import json
 import shutil
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dare.engines import Rollout
+from dare.engines import HFEngine, Rollout
 from dare.eval import benchmarks, harness, report
+from dare.models import load_pretrained
 from dare.rewards.routing import RewardRouter
+from dare.sampling import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TEST = ROOT.parent / "shared" / "data" / "rl" / "test"
@@ -23,15 +26,19 @@ class ScriptedEngine:
 
     max_batch_size = 64
 
-    def __init__(self, outputs):
-        self.outputs, self.calls = list(outputs), 0
+    def __init__(self, outputs, seconds=0.5):
+        self.outputs, self.calls, self.seconds = list(outputs), 0, seconds
+
+    def encode(self, prompts):
+        return [list(json.dumps(p).encode()) for p in prompts]
 
     def generate(self, prompts, n, config, seed=None):
         self.calls += 1
         texts = [self.outputs.pop(0) for _ in range(len(prompts) * n)]
         mask = torch.ones(len(texts), 4, dtype=torch.long)
         return Rollout(torch.zeros(len(texts), 2, dtype=torch.long), torch.ones(len(texts), 2, dtype=torch.long),
-                       torch.zeros(len(texts), 4, dtype=torch.long), mask, mask, mask, texts, nfe=4, seconds=0.5)
+                       torch.zeros(len(texts), 4, dtype=torch.long), mask, mask, mask, texts, nfe=4,
+                       seconds=self.seconds)
 
 
 def test_pass_at_k_unbiased_estimator():
@@ -48,7 +55,7 @@ def test_scoring_is_exact_on_known_outputs(tmp_path):
     outputs = [right(truths[0])] * 3 + [wrong(truths[1]), right(truths[1]), wrong(truths[1])] + [wrong(truths[2])] * 3
     harness.run_benchmark(ScriptedEngine(outputs), "task:addition", rows, [0, 1, 2], 3, None, RewardRouter(["auto"]),
                           tmp_path, progress=False)
-    records = list(harness.done_keys(tmp_path, "task:addition").values())
+    records = harness.read_records(tmp_path)
     summary = harness.summarize(records, (1, 2))
     assert summary["accuracy"] == pytest.approx(4 / 9) and summary["pass@1"] == pytest.approx(4 / 9)
     assert summary["pass@2"] == pytest.approx((1 + harness.pass_at_k(3, 1, 2) + 0) / 3)
@@ -57,20 +64,114 @@ def test_scoring_is_exact_on_known_outputs(tmp_path):
     assert first["pred"] == truths[1] and first["correct"] == 1.0 and "What is" in first["prompt"]
 
 
-def test_rerun_skips_finished_batches_and_reproduces(tmp_path):
+def crash_and_rerun(folder, seconds):
+    """Two batches of two prompts; a crash while writing the second (its first record written, the second cut
+    mid-line); then a rerun whose engine takes ``seconds`` per batch."""
     rows = benchmarks.load_benchmark("task:addition", limit=4)
     outputs = [f"\\boxed{{{r['ground_truth']}}}" for r in rows]
-    harness.run_benchmark(ScriptedEngine(outputs), "b", rows, [0, 1, 2, 3], 1, None, RewardRouter(["auto"]),
-                          tmp_path, batch_size=2, progress=False)
-    full = (tmp_path / "samples.0.jsonl").read_text().splitlines()
-    # crash while writing the second batch: its first record is there, the second was cut mid-line
-    (tmp_path / "samples.0.jsonl").write_text("\n".join(full[:3]) + "\n" + full[3][:20])
-    engine = ScriptedEngine(outputs[2:])
-    harness.run_benchmark(engine, "b", rows, [0, 1, 2, 3], 1, None, RewardRouter(["auto"]), tmp_path, batch_size=2,
-                          progress=False)
+    harness.run_benchmark(ScriptedEngine(outputs), "b", rows, [0, 1, 2, 3], 1, None, RewardRouter(["auto"]), folder,
+                          batch_size=2, progress=False)
+    full = (folder / "samples.0.jsonl").read_text().splitlines()
+    (folder / "samples.0.jsonl").write_text("\n".join(full[:3]) + "\n" + full[3][:20])
+    engine = ScriptedEngine(outputs[2:], seconds)
+    decoded = harness.run_benchmark(engine, "b", rows, [0, 1, 2, 3], 1, None, RewardRouter(["auto"]), folder,
+                                    batch_size=2, progress=False)
+    plan = harness.expected(engine, rows, [[0, 1], [2, 3]])
+    return full, engine, decoded, harness.done_keys(folder, "b", "", plan)
+
+
+def test_rerun_repairs_a_cut_line_and_regenerates_only_the_unfinished_batch(tmp_path):
+    full, engine, _, records = crash_and_rerun(tmp_path, 0.5)
     assert engine.calls == 1  # only the unfinished batch, regenerated whole
-    records = harness.done_keys(tmp_path, "b")
+    # the cut line is gone, not glued to the next record; the second batch's first record is there twice, the same
+    assert (tmp_path / "samples.0.jsonl").read_text().splitlines() == full[:3] + full[2:]
     assert sorted(records) == [(i, 0) for i in range(4)] and all(r["correct"] == 1.0 for r in records.values())
+    with (tmp_path / "samples.0.jsonl").open("a") as f:
+        f.write("not a record\n" + full[0] + "\n")
+    with pytest.raises(harness.StaleSamples, match=r"samples.0.jsonl:6 is not a sample record"):
+        harness.read_records(tmp_path)  # a damaged line inside the file is never skipped silently
+
+
+def test_resumed_speed_counts_only_this_runs_batches(tmp_path):
+    _, _, decoded, records = crash_and_rerun(tmp_path, seconds=2.0)  # the first run took 0.5 s per batch
+    summary = harness.summarize(list(records.values()), decoded=decoded)
+    assert summary["decoded"] == 2 and summary["reused"] == 2 and summary["samples"] == 4
+    assert summary["tokens_per_s"] == pytest.approx(2 * 4 / 2.0) and summary["forwards_per_token"] == 1.0
+    nothing = harness.summarize(list(records.values()), decoded=dict.fromkeys(("decoded", *harness.SPEED), 0))
+    assert nothing["reused"] == 4 and nothing["tokens_per_s"] is None and nothing["forwards_per_token"] is None
+    assert "| — |" in report.markdown({"b": nothing})
+
+
+def tiny_engine(model="tiny:llada"):
+    network, tokenizer, family = load_pretrained(model)
+    return HFEngine(network, tokenizer, family, max_batch_size=4)
+
+
+def evaluate(folder, engine, model="tiny:llada", limit=4, overwrite=False, **sampling):
+    summaries = harness.evaluate_benchmarks(engine, ["task:addition"], SamplingConfig(gen_length=8, **sampling),
+                                            folder, limit=limit, batch_size=2, model_name=model, overwrite=overwrite)
+    return summaries["task:addition"]
+
+
+def same_samples(a, b):
+    """The records of two folders, without their timings."""
+    records = [[{k: v for k, v in r.items() if k != "seconds"} for r in harness.read_records(f)] for f in (a, b)]
+    return records[0] == records[1]
+
+
+def test_another_model_or_sampling_is_refused_and_overwrite_recomputes(tmp_path):
+    llada, sdar = tiny_engine(), tiny_engine("tiny:sdar")
+    evaluate(tmp_path / "a", llada)
+    before = (tmp_path / "a" / "samples.0.jsonl").read_text()
+    model_changed = r"of tiny:llada with weights=\w+, config=\w+; this run is tiny:sdar with weights=\w+, config=\w+\."
+    with pytest.raises(harness.StaleSamples, match=model_changed + " Recompute them with --overwrite"):
+        evaluate(tmp_path / "a", sdar, "tiny:sdar")
+    with pytest.raises(harness.StaleSamples, match=r"tiny:llada with temperature=0.0, top_k=None; this run is "
+                                                   r"tiny:llada with temperature=1.0, top_k=3\."):
+        evaluate(tmp_path / "a", llada, temperature=1.0, top_k=3)
+    assert (tmp_path / "a" / "samples.0.jsonl").read_text() == before  # nothing reused, nothing appended
+    # the same settings on other prompts (another data file) are refused too
+    rows = benchmarks.load_benchmark("task:addition", limit=4)
+    rows[1] = {**rows[1], "ground_truth": "-1"}
+    fp = json.loads((tmp_path / "a" / "fingerprint.json").read_text())
+    with pytest.raises(harness.StaleSamples, match=r"other prompts or answers .*\[\('task:addition', 1\)\]"):
+        harness.check_folder(tmp_path / "a", fp, {"task:addition": harness.expected(llada, rows, [[0, 1], [2, 3]])})
+
+    again = evaluate(tmp_path / "a", sdar, "tiny:sdar", overwrite=True, temperature=1.0)
+    fresh = evaluate(tmp_path / "b", sdar, "tiny:sdar", temperature=1.0)
+    assert again["decoded"] == fresh["decoded"] == 4 and again["reused"] == 0
+    speed = ("tokens_per_s", "forwards_per_token")
+    assert {k: v for k, v in again.items() if k not in speed} == {k: v for k, v in fresh.items() if k not in speed}
+    assert same_samples(tmp_path / "a", tmp_path / "b")
+    reports = [json.loads((tmp_path / f / "report.json").read_text()) for f in "ab"]
+    assert reports[0]["meta"]["fingerprint"] == reports[1]["meta"]["fingerprint"]
+    assert reports[0]["meta"]["fingerprint"]["model"] == "tiny:sdar"
+
+
+def test_same_settings_resume_exactly_and_a_longer_limit_decodes_only_new_batches(tmp_path):
+    engine = tiny_engine()
+    first = evaluate(tmp_path, engine, limit=3)  # batches [0, 1] and [2]
+    lines = (tmp_path / "samples.0.jsonl").read_text()
+    again = evaluate(tmp_path, engine, limit=3)
+    assert (tmp_path / "samples.0.jsonl").read_text() == lines
+    assert (again["decoded"], again["reused"], again["tokens_per_s"]) == (0, 3, None)
+    assert again["accuracy"] == first["accuracy"] and again["mean_length"] == first["mean_length"]
+    more = evaluate(tmp_path, engine, limit=4)  # batch [2] became [2, 3]: decoded again, with prompt 3
+    assert (more["decoded"], more["reused"], more["samples"]) == (2, 2, 4)
+    evaluate(tmp_path / "fresh", engine, limit=4)
+    latest = {(r["index"], r["sample"]): r for r in harness.read_records(tmp_path)}
+    fresh = {(r["index"], r["sample"]): r for r in harness.read_records(tmp_path / "fresh")}
+    assert {k: r["output"] for k, r in latest.items()} == {k: r["output"] for k, r in fresh.items()}
+
+
+def test_fingerprint_changes_with_the_weights_under_the_same_name():
+    engine = tiny_engine()
+    before = harness.fingerprint(engine, SamplingConfig(), "tiny:llada")
+    with torch.no_grad():
+        next(engine.model.parameters()).view(-1)[0] += 1e-3
+    after = harness.fingerprint(engine, SamplingConfig(), "tiny:llada")
+    assert [k for k in before if before[k] != after[k]] == ["weights"]
+    assert harness.digest(before) != harness.digest(after)
 
 
 def test_reports_and_comparison(tmp_path):
@@ -112,7 +213,15 @@ def test_evaluate_end_to_end_on_generated_and_real_files(tmp_path):
     shutil.copy(tmp_path / "report.json", tmp_path / "first.json")
     again = run_evaluate(tmp_path, "--bench", benches, "--limit", "3", "--data-dir", str(SHARED_TEST))
     assert (tmp_path / "samples.0.jsonl").read_text().splitlines() == lines  # nothing recomputed
-    assert again["benchmarks"] == first["benchmarks"]
+    for name, summary in again["benchmarks"].items():
+        assert summary["decoded"] == 0 and summary["reused"] == 3 and summary["tokens_per_s"] is None
+        assert {k: summary[k] for k in ("accuracy", "score", "pass@1", "mean_length")} == \
+               {k: first["benchmarks"][name][k] for k in ("accuracy", "score", "pass@1", "mean_length")}
+    refused = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny:llada", "--gen-length", "16",
+                              "--output-dir", str(tmp_path), "--bench", "task:addition"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "holds samples of tiny:llada with gen_length=8; this run is tiny:llada with gen_length=16" in refused.stderr
 
 
 @pytest.mark.parametrize("family_name", ["llada", "dream", "sdar"])

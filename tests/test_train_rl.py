@@ -96,6 +96,11 @@ def test_resume_is_exact(data, tmp_path):
     def after_resume(out):
         return [(h["loss"], h["grad_norm"], h.get("reward")) for h in history(out, 4) if "loss" in h][2:]
     assert after_resume(tmp_path / "straight") == after_resume(tmp_path / "resumed")
+    # resuming the finished run trains nothing (no step 5): the final model keeps its weights exactly
+    train_rl.main(rl_args(data, tmp_path / "straight", resume=True, **kw))
+    again = weights(tmp_path / "straight")
+    assert all(torch.equal(a[k], again[k]) for k in a)
+    assert not list((tmp_path / "straight").glob("checkpoint-[5-9]*"))
 
 
 def test_inner_iterations_start_on_policy_then_move(data, tmp_path):

@@ -62,6 +62,12 @@ def test_resume_is_exact(arithmetic, tmp_path):
     logs = [json.loads((tmp_path / d / "checkpoint-8" / "trainer_state.json").read_text())["log_history"]
             for d in ("straight", "resumed")]
     assert [h["loss"] for h in logs[0] if "loss" in h][4:] == [h["loss"] for h in logs[1] if "loss" in h][4:]
+    # resuming the finished run trains nothing: the last checkpoint is exported again, weights unchanged
+    (tmp_path / "straight" / "model.safetensors").unlink()
+    train_sft.main(args_for(arithmetic, tmp_path / "straight", max_steps=8, save_steps=4, resume=True))
+    again = load_pretrained(str(tmp_path / "straight"), dtype=torch.float32)[0].state_dict()
+    assert all(torch.equal(a[k], again[k]) for k in a)
+    assert sorted(p.name for p in (tmp_path / "straight").glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
 
 
 def test_incomplete_checkpoints_are_never_resumed(tmp_path):

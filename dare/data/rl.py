@@ -7,6 +7,7 @@ without a ground truth is an error that names the row and the column.
 
 from dataclasses import dataclass
 
+from ..rewards import answer_instruction
 from .loading import get_field, load_rows
 from .sft import as_messages
 
@@ -23,6 +24,7 @@ class RLDataConfig:
     extra_key: str = "extra_info"  # optional dict handed to the reward (numbers, puzzle, tests...)
     system_prompt: str | None = None  # prepended as a system message to plain-text prompts
     max_prompt_length: int = 512  # prompts longer than this (tokens, chat template applied) are dropped
+    answer_instruction: str = "auto"  # auto: ask for the format the row's default reward scores where the prompt does not (\boxed{} for math); none: prompts as they are (the reference's bare questions); other text: appended (after a newline) to every prompt
     limit: int | None = None  # use only the first N training rows
     eval_limit: int | None = None  # use only the first N validation rows
 
@@ -48,5 +50,22 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
             raise ValueError(f"{path}, row {i}: no ground truth in column {config.answer_key!r}; every RL prompt "
                              "needs one for its reward")
         extra = row.get(config.extra_key) if config.extra_key else None
-        out.append({"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra or {}})
+        row = {"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra or {}}
+        out.append(instruct(row, config.answer_instruction))
     return out
+
+
+def instruct(row: dict, mode: str = "auto") -> dict:
+    """``row`` with the answer-format instruction (see ``RLDataConfig.answer_instruction``) appended to its last
+    user message."""
+    users = [i for i, m in enumerate(row["prompt"]) if m.get("role") == "user"]
+    if mode == "none" or not users:
+        return row
+    last = row["prompt"][users[-1]]
+    text = answer_instruction(last["content"], row["data_source"], row["extra_info"].get("task")) \
+        if mode == "auto" else "\n" + mode
+    if not text:
+        return row
+    prompt = [dict(m) for m in row["prompt"]]
+    prompt[users[-1]]["content"] = last["content"] + text
+    return {**row, "prompt": prompt}

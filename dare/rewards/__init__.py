@@ -70,4 +70,17 @@ def score_for_source(data_source: str, task: str | None = "math") -> str:
     return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
 
 
+BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def answer_instruction(prompt_text: str, data_source: str, task: str | None = "math") -> str:
+    """The instruction asking for the format that the row's default reward scores, or "" when the prompt already
+    asks for it. Only the boxed ``math`` reward needs one: the reference's GSM8K/MATH/AIME prompts are bare
+    questions (models-and-sampling §8, defect 16); countdown/sudoku prompts ask for ``<answer>`` tags, and the code
+    reward takes fenced or plain code."""
+    if score_for_source(data_source, task) == "math" and "\\boxed" not in prompt_text:
+        return BOXED_INSTRUCTION
+    return ""
+
+
 from dare.rewards import code, format, math, puzzles  # noqa: E402,F401  (register the built-in rewards)

@@ -5,7 +5,9 @@
     SOURCE=NAME[:W]       only for rows whose data source is SOURCE
 
 A row's score is the weighted sum of the rewards that apply to it (its source's entries first, then the general
-ones); accuracy comes from the first. ``check`` fails early for a data source that nothing scores.
+ones); accuracy comes from the first. ``check`` fails early for a data source that nothing scores. Rewards get the
+row's ``extra_info`` with the prompt messages added under ``"prompt"`` (the code reward takes HumanEval's code
+prompt from there).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +54,7 @@ class RewardRouter:
             if not entries:
                 self.check([key[0]])
             self._cache[key] = combine(entries)
-        return self._cache[key](completion, row["ground_truth"], extra)
+        return self._cache[key](completion, row["ground_truth"], {"prompt": row.get("prompt"), **extra})
 
     def score(self, completions: list[str], rows: list[dict], workers: int = 8) -> list[RewardResult]:
         """Score many completions. Rows whose rewards wait on subprocesses (code) run in ``workers`` threads; the

@@ -5,6 +5,7 @@ like a checkpoint. We write ``checkpoint-N/COMPLETE`` last, atomically (temp fil
 saved), and resume only from folders that have it.
 """
 
+import json
 import os
 import re
 from pathlib import Path
@@ -37,14 +38,25 @@ class CompleteCheckpoints:
             mark_complete(os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"))
 
 
+def finished(checkpoint: str) -> bool:
+    """The checkpoint is the end of its run (its step reached the run's planned number of steps)."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return 0 < state.get("max_steps", 0) <= state["global_step"]
+
+
 def fit(trainer, resume: bool = False, merged_dir: str | None = None):
     """Train (with ``resume``: from the newest complete checkpoint), save the final model to ``output_dir`` and,
-    for a LoRA model with ``merged_dir``, a merged plain-HF copy there."""
+    for a LoRA model with ``merged_dir``, a merged plain-HF copy there. Resuming a run whose last checkpoint is its
+    final step trains nothing: the checkpoint's weights are exported again."""
     output_dir = trainer.args.output_dir
     checkpoint = latest_complete_checkpoint(output_dir) if resume else None
     if resume and checkpoint is None:
         print(f"--resume: no complete checkpoint in {output_dir}; starting from scratch")
-    trainer.train(resume_from_checkpoint=checkpoint)
+    if checkpoint and finished(checkpoint):
+        print(f"--resume: {checkpoint} is the last step of a finished run; exporting it, training nothing")
+        trainer._load_from_checkpoint(checkpoint)
+    else:
+        trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
     if merged_dir:
         from ..models.lora import export_merged

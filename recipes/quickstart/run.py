@@ -46,7 +46,7 @@ def accuracy(model: str, folder: Path, args: Args) -> dict:
     engine = HFEngine(network.eval(), tokenizer, family, max_batch_size=256)
     bench = f"task:{args.task}"
     return evaluate_benchmarks(engine, [bench], SamplingConfig(gen_length=12), folder, limit=args.test_prompts,
-                               model_name=model)[bench]
+                               model_name=model, overwrite=True)[bench]  # the model was just (re)trained
 
 
 def plot(history: list[dict], before: float, after: float, path: Path, title: str):
