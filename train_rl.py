@@ -162,7 +162,7 @@ def main_offline(args: Args) -> PreferenceTrainer:
     model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
                                                attn_implementation=args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    train = pair_rows(data.path, data.split, data, data.limit)
+    train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)
     evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
     world = training_args.world_size

@@ -4,7 +4,7 @@ on the held-out questions before / after, seconds per optimiser step and model f
     python bench/bench_vrpo.py                                  # tiny LLaDA SFT'd 600 steps, 3 variants, ~5 min
     python bench/bench_vrpo.py --sft-steps 0 --steps 40         # from the random tiny model
 
-Setup: the tiny model is SFT'd on generated single-digit sums (as bench/bench_algos.py), then trained with
+Setup: the tiny model is SFT'd on generated single-digit sums, then trained with
 ``train_rl.py --algo vrpo`` on ``task:addition`` pairs (chosen: the right sum, rejected: another number in 0..99;
 held-out pairs ask questions never trained on): ``--steps`` optimiser steps of 16 pairs, lr ``--lr``. Margin =
 (B_theta - B_ref)(chosen) - (B_theta - B_ref)(rejected) on the held-out pairs (fixed masks; exactly 0 before);

@@ -1,6 +1,9 @@
 """Script configuration: a tyro dataclass per script, filled from a recipe YAML, overridden on the command line.
 
     args = parse(Args)     # python script.py --config recipes/x.yaml --learning-rate 1e-5
+
+A recipe may start from another: ``base: other.yaml`` (relative to the recipe's folder) loads that one first, and
+the recipe's own keys override it, section by section.
 """
 
 import argparse
@@ -26,6 +29,20 @@ def _apply(instance, values: dict, where: str):
     return instance
 
 
+def load_recipe(path) -> dict:
+    """The recipe's values with its ``base`` chain merged in (the recipe's own keys win, nested sections merged)."""
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    base = values.pop("base", None)
+    return _merge(load_recipe(Path(path).parent / base), values) if base else values
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def peek(key: str, argv: list[str] | None = None, default=None):
     """The value of ``--key`` from the command line, else from the ``--config`` YAML, else ``default`` — for
     choices that decide the config class itself (``train_rl.py --algo``)."""
@@ -37,7 +54,7 @@ def peek(key: str, argv: list[str] | None = None, default=None):
     if known.value is not None:
         return known.value
     if known.config:
-        return (yaml.safe_load(Path(known.config).read_text()) or {}).get(key, default)
+        return load_recipe(known.config).get(key, default)
     return default
 
 
@@ -50,7 +67,6 @@ def parse(cls, argv: list[str] | None = None, config: tuple = ()):
     known, rest = pre.parse_known_args(argv)
     default = cls()
     if known.config:
-        values = yaml.safe_load(Path(known.config).read_text()) or {}
-        default = _apply(default, values, known.config)
+        default = _apply(default, load_recipe(known.config), known.config)
     return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")

@@ -20,3 +20,20 @@ def shared_models() -> Path:
     if not path.is_dir():
         pytest.skip(f"official configs not found at {path} (../shared is absent)")
     return path
+
+
+MARGINS = []
+
+
+@pytest.fixture
+def margin():
+    """``margin(line)``: a learning test's distance from its threshold, shown in every run's summary (a passing test's
+    own output is hidden), so a margin that shrinks on some machine is seen before it fails."""
+    return MARGINS.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MARGINS:
+        terminalreporter.section("learning-test margins")
+        for line in MARGINS:
+            terminalreporter.write_line(line)

@@ -19,7 +19,7 @@ def test_quickstart_notebook_runs(tmp_path):
         if "colab" in tags or "gpu" in tags:
             continue
         if "parameters" in tags:
-            cell.source += f"\nSFT_STEPS, RL_STEPS, TEST_PROMPTS = 40, 2, 8\nOUT = {str(tmp_path / 'out')!r}"
+            cell.source += f"\nSFT_STEPS, RL_STEPS, QUESTIONS = 40, 2, 8\nOUT = {str(tmp_path / 'out')!r}"
         cells.append(cell)
     nb.cells = cells
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

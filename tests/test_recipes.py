@@ -96,3 +96,16 @@ def test_eval_recipe_parses(path):
     assert all(b in known() for b in args.bench.split(","))
     model, tokenizer = tiny(family)
     args.sampling.resolve(Family.from_pretrained(model.config, tokenizer)).validate()
+
+
+def test_paper_profiles_inherit_their_base_recipe():
+    """``base:`` merges section by section: the paper profile changes its knobs and keeps the rest of DARE's recipe."""
+    from dare.config import load_recipe
+    for name in ("d1", "coupled_grpo", "cj_grpo"):
+        paper, base = (load_recipe(ROOT / "recipes" / "llada" / f"{name}_math{s}.yaml") for s in ("_paper", ""))
+        assert "base" not in paper and paper["algo"] == base["algo"] and paper["data"] == base["data"]
+        assert paper["algo_config"]["eps_high"] == 0.5 != base["algo_config"]["eps_high"]
+        assert paper["algo_config"]["dual_clip"] is None
+        assert {k: v for k, v in paper["algo_config"].items() if k not in ("num_iterations", "eps_low", "eps_high",
+                "beta", "kl", "dual_clip", "advantage")} == {k: v for k, v in base["algo_config"].items() if k not in (
+                "num_iterations", "eps_low", "eps_high", "beta", "kl", "dual_clip", "advantage")}

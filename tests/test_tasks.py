@@ -8,7 +8,7 @@ import pytest
 from conftest import SHARED
 
 from dare.data import load_rows
-from dare.data.tasks import TASKS, make_task, write_task
+from dare.data.tasks import TASKS, make_task, split_of, write_task
 
 
 def evaluate(expression: str) -> float:
@@ -16,12 +16,23 @@ def evaluate(expression: str) -> float:
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
-def test_deterministic_and_splits_differ(name):
+def test_deterministic_and_splits_disjoint_by_question(name):
     assert make_task(name, 20, seed=3) == make_task(name, 20, seed=3)
-    train, test = make_task(name, 50, 0, "train"), make_task(name, 50, 0, "test")
-    same = sum(a["prompt"] == b["prompt"] for a, b in zip(train, test))
-    assert same < 5  # the streams differ (a row may coincide by chance: single-digit sums have 100 questions)
-    assert {r["extra_info"]["split"] for r in test} == {"test"}
+    n = 50 if name == "addition" else 4000  # single-digit sums: 100 questions in all
+    questions = {split: {r["prompt"][-1]["content"] for r in make_task(name, n, 0, split) + make_task(name, n, 1, split)}
+                 for split in ("train", "test")}
+    assert len(questions["train"] & questions["test"]) == 0  # no held-out question is ever trained on
+    assert all(split_of(q) == split for split, qs in questions.items() for q in qs)
+    assert {r["extra_info"]["split"] for r in make_task(name, 5, 0, "test")} == {"test"}
+
+
+def test_sum4_has_thousands_of_held_out_questions():
+    test = {r["prompt"][-1]["content"] for r in make_task("sum4", 800, 0, "test")}
+    train = {r["prompt"][-1]["content"] for r in make_task("sum4", 4000, 0, "train")}
+    assert len(test) > 500 and len(train) > 3000 and not test & train
+    for row in make_task("sum4", 50):
+        terms = re.findall(r"\d", row["prompt"][0]["content"].split("?")[0])
+        assert sum(map(int, terms)) == int(row["reward_model"]["ground_truth"]) and len(terms) == 4
 
 
 def test_countdown_solutions_reach_the_target_with_each_number_once():

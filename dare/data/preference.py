@@ -7,12 +7,12 @@ for tests and benches, and the collator that lays a micro-batch out for the like
 ``chosen`` / ``rejected`` hold text, or a chat conversation ending with the assistant's answer (UltraFeedback
 binarized): the prompt is then the conversation before that answer (the same for both; ``prompt_key`` is not read).
 ``task:<name>`` paths generate pairs from ``dare.data.tasks``: chosen = the reference solution, rejected = the same
-text with a wrong answer (addition: another number in 0..99; arithmetic: off by 1..9; sudoku: one cell changed).
-Questions are split by a hash, so a split starting with ``test`` (the held-out pairs) shares no question with the
-others.
+text with a near-miss answer (sums: off by one or by a wrong carry of ten; arithmetic: off by 1..9; sudoku: one cell
+changed), so magnitude alone never tells the two apart. Questions are split as the tasks split them
+(``dare.data.tasks.split_of``), so a split starting with ``test`` (the held-out pairs) shares no question with the
+training pairs or the RL training prompts.
 """
 
-import hashlib
 import random
 from dataclasses import dataclass
 
@@ -20,7 +20,7 @@ import torch
 
 from .loading import get_field, load_rows
 from .sft import as_messages
-from .tasks import TASKS
+from .tasks import TASKS, split_of
 
 
 @dataclass
@@ -37,11 +37,13 @@ class PreferenceDataConfig:
     max_response_length: int = 512  # longer responses keep their first tokens; R of normalise=padded_length
     limit: int | None = None  # use only the first N training pairs (task:<name>: how many to generate, default 256)
     eval_limit: int | None = None  # use only the first N held-out pairs (task:<name>: default 64)
+    swap: bool = False  # train on (rejected, chosen), evaluate on the true pairs: a negative control (the margin falls)
 
 
-def pair_rows(path: str, split: str, config: PreferenceDataConfig, limit: int | None = None) -> list[dict]:
+def pair_rows(path: str, split: str, config: PreferenceDataConfig, limit: int | None = None,
+              swap: bool = False) -> list[dict]:
     """``{"prompt": messages, "chosen": str, "rejected": str, "index": i}`` for every pair of one source, or of
-    several joined by commas, in order."""
+    several joined by commas, in order; ``swap``: chosen and rejected exchanged."""
     out = []
     for part in path.split(","):
         part = part.strip()
@@ -50,6 +52,8 @@ def pair_rows(path: str, split: str, config: PreferenceDataConfig, limit: int | 
         else:
             out += _rows(part, split, config)
     out = out[:limit] if limit else out
+    if swap:
+        out = [{**row, "chosen": row["rejected"], "rejected": row["chosen"]} for row in out]
     return [{**row, "index": i} for i, row in enumerate(out)]
 
 
@@ -100,23 +104,24 @@ def _wrong_grid(row, rng):
     return row["extra_info"]["solution"].replace(truth, wrong)
 
 
-WRONG = {"addition": lambda row, rng: _wrong_number(row, rng, lambda v: range(100)),
+def _near_miss(value: int) -> list[int]:
+    """Off by one, or the tens digit off by one (a dropped or spurious carry)."""
+    return [v for v in (value - 1, value + 1, value - 10, value + 10) if v >= 0]
+
+
+WRONG = {"addition": lambda row, rng: _wrong_number(row, rng, _near_miss),
+         "sum4": lambda row, rng: _wrong_number(row, rng, _near_miss),
          "arithmetic": lambda row, rng: _wrong_number(row, rng, lambda v: range(v - 9, v + 10)), "sudoku": _wrong_grid}
-
-
-def _held_out(question: str) -> bool:
-    return hashlib.blake2b(question.encode(), digest_size=8).digest()[0] % 5 == 0  # about a fifth of the questions
 
 
 def make_pairs(name: str, n: int, split: str = "train", seed: int = 0) -> list[dict]:
     """``n`` generated pairs of task ``name``: a split starting with ``test`` draws from the held-out questions."""
     if name not in WRONG:
         raise ValueError(f"No generated preference pairs for task {name!r}; known: {sorted(WRONG)}")
-    rng, held_out, out = random.Random(f"pairs-{name}-{split}-{seed}"), split.startswith("test"), []
+    rng, wanted, out = random.Random(f"pairs-{name}-{split}-{seed}"), "test" if split.startswith("test") else "train", []
     while len(out) < n:
         row = TASKS[name](rng, len(out), split)
-        question = row["prompt"][-1]["content"]
-        if _held_out(question) == held_out:
+        if split_of(row["prompt"][-1]["content"]) == wanted:
             out.append({"prompt": row["prompt"], "chosen": row["extra_info"]["solution"],
                         "rejected": WRONG[name](row, rng)})
     return out

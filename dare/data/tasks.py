@@ -1,11 +1,14 @@
 """Procedurally generated tasks with verifiable answers, in the row schema of the real RL data (``data_source``,
 chat ``prompt``, ``reward_model.ground_truth``, ``extra_info``), plus a reference ``extra_info.solution`` text an
-SFT stage can learn from. Seeded and deterministic; train/test come from disjoint seeds.
+SFT stage can learn from. Seeded and deterministic. The splits are disjoint *by question*: a question belongs to
+the test split when a hash of its text falls in the test tenth (``split_of``), so no test question is ever trained on,
+however many rows are drawn.
 
     rows = make_task("countdown", n=1000, seed=0, split="train")
     write_task("sudoku", "data/sudoku_test.parquet", n=200, seed=1, split="test")
 """
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -33,6 +36,15 @@ def addition(rng: random.Random, index: int, split: str) -> dict:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     return _row("addition", index, split, f"What is {a} + {b}? Put the final answer in \\boxed{{}}.",
                 str(a + b), f"The answer is \\boxed{{{a + b}}}.")
+
+
+def sum4(rng: random.Random, index: int, split: str) -> dict:
+    """Four single digits summed (10,000 distinct questions, about 1,000 held out), answered directly: a held-out
+    question is a sum the model never saw, so it must add, not recall. The tiny test models reach about a fifth of
+    them by SFT, which leaves RL room to show a gain."""
+    terms = [rng.randint(0, 9) for _ in range(4)]
+    return _row("sum4", index, split, f"What is {' + '.join(map(str, terms))}? Put the final answer in \\boxed{{}}.",
+                str(sum(terms)), f"The answer is \\boxed{{{sum(terms)}}}.")
 
 
 def countdown(rng: random.Random, index: int, split: str, size: int = 3) -> dict:
@@ -75,14 +87,27 @@ def sudoku(rng: random.Random, index: int, split: str, empty: int = 6) -> dict:
                 puzzle=puzzle)
 
 
-TASKS = {"addition": addition, "arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku}
+TASKS = {"addition": addition, "arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku, "sum4": sum4}
+TEST_SHARE = 10  # one question in TEST_SHARE is a test question
+
+
+def split_of(question: str) -> str:
+    """The split a question belongs to, by a hash of its text (the same on every machine and Python)."""
+    return "test" if int(hashlib.sha256(question.encode()).hexdigest(), 16) % TEST_SHARE == 0 else "train"
 
 
 def make_task(name: str, n: int, seed: int = 0, split: str = "train") -> list[dict]:
+    """``n`` rows of task ``name`` whose questions belong to ``split`` (drawn from one stream per seed and split)."""
     if name not in TASKS:
         raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}")
-    rng = random.Random(f"{name}-{split}-{seed}")  # the split is part of the seed: train and test never share a stream
-    return [TASKS[name](rng, i, split) for i in range(n)]
+    rng, rows = random.Random(f"{name}-{split}-{seed}"), []
+    for _ in range(100 * TEST_SHARE * max(n, 1)):
+        if len(rows) == n:
+            return rows
+        row = TASKS[name](rng, len(rows), split)
+        if split_of(row["prompt"][-1]["content"]) == split:
+            rows.append(row)
+    raise ValueError(f"task {name!r}: could not draw {n} {split} rows (too few distinct {split} questions?)")
 
 
 def write_task(name: str, path: str, n: int, seed: int = 0, split: str = "train") -> str:

@@ -7,11 +7,13 @@ each pair are drawn from a local generator seeded by (seed, step, pair index) â€
 independent of the rank, the micro-batch size and the padding; the reference's ELBOs under ``no_grad``, then the
 policy's with gradient, on the SAME masks (antithetic); the loss is the micro-batch's mean over pairs (Trainer
 divides by the accumulation). Validation scores the held-out pairs the same way with masks seeded by the pair index
-only, so every evaluation sees the same noise: ``eval_margin`` (0 at the start, by antithesis), ``eval_accuracy``,
+only, so every evaluation sees the same noise: ``eval_margin`` (0 at the start, by antithesis) and its standard error
+over the pairs ``eval_margin_se``, ``eval_accuracy``,
 ``eval_loss``, rewards and ELBOs of chosen and rejected.
 """
 
 import hashlib
+import math
 from collections import defaultdict
 
 import torch
@@ -79,7 +81,7 @@ class PreferenceTrainer(CompleteCheckpoints, Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Mean loss, margin, accuracy, rewards and ELBOs over the held-out pairs (fixed noise per pair)."""
-        model, totals, count = self.model, defaultdict(float), 0
+        model, totals, count, margin_sq = self.model, defaultdict(float), 0, 0.0
         was_training = model.training
         model.eval()
         try:
@@ -91,9 +93,13 @@ class PreferenceTrainer(CompleteCheckpoints, Trainer):
                     count += len(stats["loss"])
                     for name, values in stats.items():
                         totals[name] += float(values.float().sum())
+                    margin_sq += float(stats["margin"].double().square().sum())
         finally:
             model.train(was_training)
         metrics = {f"{metric_key_prefix}_{name}": total / max(count, 1) for name, total in sorted(totals.items())}
+        if count > 1:  # the margin's standard error over the pairs: is a change in it more than noise?
+            mean = totals["margin"] / count
+            metrics[f"{metric_key_prefix}_margin_se"] = math.sqrt(max(margin_sq / count - mean ** 2, 0.0) / (count - 1))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

@@ -1,0 +1,63 @@
+"""Held-out measurements with their noise, for learning experiments on the generated tasks (the quickstart, the
+comparison lab ``recipes/lab/compare.py`` and the learning tests).
+
+``held_out`` scores a model on test-split questions (never trained on: ``dare.data.tasks.split_of``) and returns
+per-question values, so that a before/after change is measured *paired* over the same questions: its standard error
+is that of the per-question differences (``paired``). ``mistake_pairs`` builds offline preference pairs from a
+model's own wrong answers.
+"""
+
+import math
+import statistics
+
+import torch
+
+from ..data.tasks import make_task
+from ..engines import HFEngine
+from ..models import load_pretrained
+from ..rewards.routing import RewardRouter
+from ..sampling import SamplingConfig
+from .benchmarks import prompt_rows_from
+
+
+def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, gen_length: int = 12,
+             seed: int = 12345) -> dict:
+    """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``greedy_q``: its greedy
+    reward. Question-major lists over the first ``questions`` test questions of ``task``."""
+    model, tokenizer, family = load_pretrained(model_dir, dtype=torch.float32)
+    engine = HFEngine(model.eval(), tokenizer, family, max_batch_size=1024)
+    rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
+    router, prompts, out = RewardRouter(["auto"]), [r["prompt"] for r in rows], {}
+    for name, n, temperature in (("reward_q", samples, 1.0), ("greedy_q", 1, 0.0)):
+        rollout = engine.generate(prompts, n, SamplingConfig(gen_length=gen_length, temperature=temperature), seed=seed)
+        scores = [r.score for r in router.score(rollout.texts, [r for r in rows for _ in range(n)])]
+        out[name] = [sum(scores[i * n:(i + 1) * n]) / n for i in range(len(rows))]
+    return out
+
+
+def mistake_pairs(model_dir: str, task: str, n: int, gen_length: int = 12, seed: int = 12345) -> list[dict]:
+    """``n`` preference pairs on train-split questions: chosen = the reference solution, rejected = the model's own
+    wrong answer (one completion at T = 1 per question; questions it answers right are skipped). The pairs a
+    preference method meets when it learns from the policy's mistakes, unlike generated near misses."""
+    model, tokenizer, family = load_pretrained(model_dir, dtype=torch.float32)
+    engine = HFEngine(model.eval(), tokenizer, family, max_batch_size=1024)
+    rows = prompt_rows_from(make_task(task, 3 * n, seed=0, split="train"))
+    rollout = engine.generate([r["prompt"] for r in rows], 1, SamplingConfig(gen_length=gen_length, temperature=1.0),
+                              seed=seed)
+    scores = [r.score for r in RewardRouter(["auto"]).score(rollout.texts, rows)]
+    pairs = [{"prompt": row["prompt"], "chosen": row["extra_info"]["solution"], "rejected": text}
+             for row, text, score in zip(rows, rollout.texts, scores) if score <= 0 and text.strip()]
+    if len(pairs) < n:
+        raise ValueError(f"{model_dir} answered too many of {len(rows)} {task} questions right for {n} pairs")
+    return pairs[:n]
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error."""
+    return statistics.fmean(values), (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
+
+
+def paired(before: list[float], after: list[float]) -> dict:
+    """The mean change over the same questions, its standard error, and the change in standard errors (``z``)."""
+    gain, se = mean_se([a - b for a, b in zip(after, before)])
+    return {"gain": gain, "se": se, "z": gain / se if se else 0.0}

@@ -1,0 +1,286 @@
+"""The algorithm-comparison lab: every chosen algorithm x family x seed, RL from one shared SFT start on one generated
+task, measured on held-out questions (never trained on) before and after, with a sign-flipped control.
+
+    python recipes/lab/compare.py                                            # d1 and its control on tiny LLaDA, 3 seeds
+    python recipes/lab/compare.py --algos all --families llada sdar --seeds 0 1 2 --output-dir outputs/lab
+    python recipes/lab/compare.py --algos d1 d1:paper coupled-grpo coupled-grpo:paper --rollouts 40
+
+For each (family, algorithm[:profile]) it reports, mean and standard error over seeds: the held-out reward at T = 1
+(``--samples`` completions for each of ``--questions`` questions) before and after, its gain in standard errors, greedy
+accuracy before and after, seconds and model forward passes (rollout and training) per optimiser step, and peak
+memory during training (resident set on CPU, allocator peak on CUDA).
+``NAME:control`` is NAME trained on the negated reward (every advantage flips sign): its reward must fall.
+``NAME:paper`` uses the paper's hyper-parameters where they differ from the reference implementation's: the
+``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo).
+Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
+in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new.
+"""
+
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import tyro
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import train_rl  # noqa: E402
+import train_sft  # noqa: E402
+from dare.algos import get_algorithm, known  # noqa: E402
+from dare.data.tasks import write_task  # noqa: E402
+from dare.eval.lab import held_out, mean_se, mistake_pairs, paired  # noqa: E402
+
+
+def profile(spec: str) -> dict:
+    """``NAME:paper``: the ``algo_config`` and ``rollout`` sections of ``recipes/llada/<name>_math_paper.yaml`` (the
+    paper's values where DARE's recipe follows the reference implementation); else nothing."""
+    name, _, variant = spec.partition(":")
+    path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
+    if variant != "paper":
+        return {}
+    if not path.exists():
+        raise SystemExit(f"no paper profile for {name}: {path} does not exist")
+    values = yaml.safe_load(path.read_text())
+    return {k: values.get(k) or {} for k in ("algo_config", "rollout")}
+
+
+@dataclass
+class Lab:
+    """RL from one SFT start, many algorithms, held-out before/after (see the module docstring)."""
+
+    # NAME, NAME:paper, NAME:control; all = every algorithm and d1:control
+    algos: list[str] = field(default_factory=lambda: ["d1", "d1:control"])
+    families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    task: str = "sum4"  # a generated task with disjoint train/test questions (dare/data/tasks.py)
+    sft_steps: int = 1500  # SFT of the shared start
+    sft_lr: float = 3e-3
+    rollouts: int = 90  # rollout batches per RL run (offline algorithms: optimiser steps of 16 pairs)
+    control_rollouts: int = 30  # for NAME:control runs (unlearning is fast)
+    prompts_per_step: int = 16
+    num_generations: int = 8
+    learning_rate: float = 1e-3  # RL learning rate (constant, no warm-up)
+    offline_learning_rate: float = 1e-4  # for offline preference optimisation (VRPO falls at 1e-3)
+    prompt_masking: float | None = 0.0  # p_prompt of the algorithms that mask prompt tokens (None: their defaults)
+    num_iterations: int | None = 1  # passes over each rollout batch for all (None: defaults, espo 8, d-treerpo 12)
+    gen_length: int = 12
+    questions: int = 800  # held-out questions
+    samples: int = 8  # T = 1 completions per held-out question
+    threads: int = 1  # torch threads (1: the same numbers on any core count)
+    output_dir: str = "outputs/lab"
+
+
+def measure(model_dir: str, lab: Lab) -> dict:
+    return held_out(model_dir, lab.task, lab.questions, lab.samples, lab.gen_length)
+
+
+def sft_start(family: str, lab: Lab, out: Path) -> str:
+    folder = out / f"sft-{family}"
+    if not (folder / "model.safetensors").exists():
+        train = write_task(lab.task, str(out / "data" / "train.jsonl"), 4000, 0, "train")
+        a = train_sft.Args(model=f"tiny:{family}", output_dir=str(folder), max_steps=lab.sft_steps,
+                           learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
+                           per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
+        a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
+        a.data.max_length, a.data.pad_to = 64, "longest"
+        train_sft.main(a)
+    return str(folder)
+
+
+def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
+    """train_rl.py's arguments for ``NAME[:paper|:control]`` from ``start``."""
+    name, _, variant = spec.partition(":")
+    a = train_rl.args_class(name)(model=start, output_dir=out, seed=seed, prompts_per_step=lab.prompts_per_step,
+                                  num_generations=lab.num_generations, micro_batch_size=128,
+                                  learning_rate=lab.learning_rate, warmup_steps=0.0, lr_scheduler_type="constant",
+                                  logging_steps=1, log_completions=0)
+    if lab.prompt_masking is not None and hasattr(a.algo_config, "p_prompt"):
+        a.algo_config.p_prompt = lab.prompt_masking
+    if lab.num_iterations is not None and hasattr(a.algo_config, "num_iterations"):
+        a.algo_config.num_iterations = lab.num_iterations
+    for section, values in profile(spec).items():
+        for knob, value in values.items():
+            setattr(getattr(a, section), knob, value)
+    cycle = getattr(a.algo_config, "cycle", 1)  # optimiser steps per rollout batch
+    a.max_steps = a.save_steps = (lab.control_rollouts if variant == "control" else lab.rollouts) * cycle
+    a.data.path = write_task(lab.task, str(Path(out).parent / "data" / "train.jsonl"), 4000, 0, "train")
+    a.rollout.gen_length, a.rollout.temperature = lab.gen_length, 1.0
+    if variant == "control":
+        a.rewards = ["auto:-1"]
+    if type(a.algo_config).offline:  # VRPO: (reference answer, the start's own wrong answer); control swaps them
+        pairs = lab.rollouts * lab.prompts_per_step
+        a.preference.path = mistakes(start, lab, Path(out).parent / "data", pairs)
+        a.preference.limit, a.micro_batch_size, a.preference.swap = pairs, 32, variant == "control"
+        a.learning_rate = lab.offline_learning_rate
+    return a
+
+
+def mistakes(start: str, lab: Lab, folder: Path, n: int) -> str:
+    """The offline algorithms' training pairs, made once per start: ``dare.eval.lab.mistake_pairs``."""
+    path = folder / f"mistakes-{Path(start).name.replace(':', '-')}-{n}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = mistake_pairs(start, lab.task, n, lab.gen_length)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+class ForwardCounter:
+    """Counts model forward passes (every forward embeds its input once: calls of any ``nn.Embedding``)."""
+
+    def __enter__(self):
+        self.count = 0
+
+        def hook(module, inputs, output):
+            self.count += isinstance(module, torch.nn.Embedding)
+        self.handle = torch.nn.modules.module.register_module_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+class PeakMemory:
+    """Peak memory while inside: CUDA's allocator peak, or on CPU the process's resident set, sampled every 20 ms."""
+
+    def __enter__(self):
+        self.mb, self.done = 0.0, threading.Event()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self):
+        page_mb = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        while not self.done.wait(0.02):
+            with open("/proc/self/statm") as f:
+                self.mb = max(self.mb, int(f.read().split()[1]) * page_mb)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if torch.cuda.is_available():
+            self.mb = torch.cuda.max_memory_allocated() / 2 ** 20
+        else:
+            self.thread.join()
+
+
+def run_one(spec: str, family: str, seed: int, start: str, before: dict, lab: Lab, out: Path) -> dict:
+    """One RL run and its measures; kept in ``<run folder>/result.json``, which a rerun of the lab reuses."""
+    folder = out / f"{family}-{spec.replace(':', '-')}-seed{seed}"
+    if (folder / "result.json").exists():
+        return json.loads((folder / "result.json").read_text())
+    args = rl_args(spec, start, str(folder), seed, lab)
+    t0 = time.perf_counter()
+    with ForwardCounter() as forwards, PeakMemory() as memory:
+        history = train_rl.main(args).state.log_history
+    seconds = time.perf_counter() - t0
+    after = measure(str(folder), lab)
+    steps = max(len([h for h in history if "loss" in h]), 1)
+    result = {**{f"{key}_{stage}": statistics.fmean(values[f"{key}_q"]) for key in ("reward", "greedy")
+                 for stage, values in (("before", before), ("after", after))},
+              **{f"reward_{k}": v for k, v in paired(before["reward_q"], after["reward_q"]).items()},
+              "seconds_per_step": seconds / steps, "forwards_per_step": forwards.count / steps,
+              "peak_memory_mb": memory.mb}
+    (folder / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def supported(spec: str, family: str) -> bool:
+    algo = get_algorithm(spec.partition(":")[0])
+    return algo.families is None or family in algo.families
+
+
+def expand(algos: list[str]) -> list[str]:
+    algos = list(dict.fromkeys(s for a in algos for s in (known() + ["d1:control"] if a == "all" else [a])))
+    unknown = [a for a in algos if a.partition(":")[0] not in known() or a.partition(":")[2] not in
+               ("", "control", "paper")]
+    if unknown:
+        raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants: NAME:paper "
+                         "(where recipes/llada/NAME_math_paper.yaml exists) and NAME:control")
+    for spec in algos:
+        profile(spec)  # a missing paper profile fails before anything runs
+    return algos
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and standard error over seeds of every number. The gain's standard error is the seed-to-seed one, but
+    never below one run's measurement noise over sqrt(seeds) (with one seed, or seeds that agree by chance)."""
+    keys = [k for k in runs[0] if runs[0][k] is not None]
+    out = {k: mean_se([r[k] for r in runs]) for k in keys}
+    gains = [r["reward_after"] - r["reward_before"] for r in runs]
+    gain, se = mean_se(gains)
+    within = max(r["reward_se"] for r in runs)  # one run's paired standard error (the noise of one measurement)
+    out["gain"] = (gain, max(se, within / math.sqrt(len(runs))))
+    out["z"] = gain / out["gain"][1] if out["gain"][1] else 0.0
+    out["seeds"] = len(runs)
+    return out
+
+
+def table(results: dict) -> str:
+    lines = ["| family | algorithm | seeds | T=1 reward before | after | gain (SE) | gain / SE | greedy before | "
+             "after | s / step | forwards / step | peak MB |", "|---" * 12 + "|"]
+    for (family, spec), s in results.items():
+        def f(k, d=3):
+            m, e = s.get(k, (None, None))
+            return "—" if m is None else f"{m:.{d}f} ± {e:.{d}f}"
+        lines.append(f"| {family} | {spec} | {s['seeds']} | {f('reward_before')} | {f('reward_after')} | "
+                     f"{s['gain'][0]:+.3f} ({s['gain'][1]:.3f}) | {s['z']:+.1f} | {f('greedy_before')} | "
+                     f"{f('greedy_after')} | {f('seconds_per_step', 2)} | {f('forwards_per_step', 1)} | "
+                     f"{s['peak_memory_mb'][0]:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [f"{f} {a}" for f, a in results]
+    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(names)), 4.5))
+    for i, key in enumerate(("reward_before", "reward_after")):
+        ax.bar([j + 0.4 * i for j in range(len(names))], [s[key][0] for s in results.values()], 0.4,
+               yerr=[s[key][1] for s in results.values()], label=key.replace("reward_", "T=1 reward "), capsize=2)
+    ax.set_xticks([j + 0.2 for j in range(len(names))], names, fontsize="small", rotation=35, ha="right")
+    ax.set_ylabel("held-out reward (T = 1)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(lab: Lab) -> dict:
+    torch.set_num_threads(lab.threads)
+    out = Path(lab.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results, raw, t0 = {}, {}, time.perf_counter()
+    for family in lab.families:
+        start = sft_start(family, lab, out)
+        before = measure(start, lab)
+        for spec in expand(lab.algos):
+            if not supported(spec, family):
+                continue
+            runs = [run_one(spec, family, seed, start, before, lab, out) for seed in lab.seeds]
+            raw[f"{family}/{spec}"], results[(family, spec)] = runs, summarise(runs)
+            print(table({(family, spec): results[(family, spec)]}).splitlines()[-1], flush=True)
+    text = (f"## {lab.task}: {lab.questions} held-out questions x {lab.samples} samples (T = 1), {lab.rollouts} "
+            f"rollouts of {lab.prompts_per_step} x {lab.num_generations}, seeds {lab.seeds}, "
+            f"{time.perf_counter() - t0:.0f} s\n\n{table(results)}")
+    (out / "comparison.md").write_text(text)
+    (out / "comparison.json").write_text(json.dumps({"lab": vars(lab), "runs": raw}, indent=2))
+    if results:
+        plot(results, out / "comparison.png")
+    print(text)
+    return results
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Lab))

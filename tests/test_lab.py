@@ -1,0 +1,86 @@
+"""The comparison lab (recipes/lab/compare.py) and its measures (dare/eval/lab.py) on a few steps: what it writes,
+that a rerun reuses finished runs, that the shared settings reach every algorithm, the paired standard error, and
+clear errors for unknown algorithms or profiles. Whether RL learns is tests/test_rl_learns.py's question."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from dare.data.tasks import make_task, split_of
+from dare.eval.lab import held_out, mean_se, paired
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("lab_compare", ROOT / "recipes" / "lab" / "compare.py")
+compare = sys.modules["lab_compare"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare)
+
+
+def test_paired_standard_error_is_that_of_the_per_question_differences():
+    before, after = [0.0, 0.5, 1.0, 0.25], [0.5, 0.5, 1.0, 0.75]
+    diffs = [0.5, 0.0, 0.0, 0.5]
+    sd = math.sqrt(sum((d - 0.25) ** 2 for d in diffs) / 3)
+    assert paired(before, after) == pytest.approx({"gain": 0.25, "se": sd / 2, "z": 0.25 / (sd / 2)})
+    assert mean_se([3.0]) == (3.0, 0.0)
+    assert paired([0.2, 0.4], [0.2, 0.4])["z"] == 0.0  # no change, no noise: not a gain
+
+
+def test_held_out_scores_only_test_questions_and_is_reproducible():
+    questions = [r["prompt"][-1]["content"] for r in make_task("sum4", 12, seed=0, split="test")]
+    assert all(split_of(q) == "test" for q in questions)
+    first = held_out("tiny:llada", "sum4", questions=12, samples=3, gen_length=8)
+    assert len(first["reward_q"]) == len(first["greedy_q"]) == 12
+    assert all(abs(3 * v - round(3 * v)) < 1e-9 and 0 <= v <= 1 for v in first["reward_q"])  # means of 3 rewards
+    assert held_out("tiny:llada", "sum4", questions=12, samples=3, gen_length=8) == first
+
+
+def test_shared_settings_reach_every_algorithm_and_profiles_override_them(tmp_path):
+    lab = compare.Lab(prompt_masking=0.0, num_iterations=1, learning_rate=1e-3, offline_learning_rate=1e-4, rollouts=2)
+    for name in compare.known():
+        a = compare.rl_args(name, "tiny:llada", str(tmp_path / name), 0, lab)
+        assert a.learning_rate == (1e-4 if name == "vrpo" else 1e-3), name
+        assert a.rollout.temperature == 1.0 and a.rollout.gen_length == lab.gen_length
+        assert getattr(a.algo_config, "num_iterations", 1) == 1, name
+        assert getattr(a.algo_config, "p_prompt", 0.0) == 0.0, name
+    control = compare.rl_args("d1:control", "tiny:llada", str(tmp_path / "c"), 0, lab)
+    assert control.rewards == ["auto:-1"] and control.max_steps == lab.control_rollouts
+    vrpo = compare.rl_args("vrpo:control", "tiny:llada", str(tmp_path / "v"), 0, lab)
+    pairs = [json.loads(line) for line in Path(vrpo.preference.path).read_text().splitlines()]
+    assert vrpo.preference.swap and len(pairs) == vrpo.preference.limit == 2 * lab.prompts_per_step
+    assert all(p["chosen"] != p["rejected"] and split_of(p["prompt"][-1]["content"]) == "train" for p in pairs)
+    paper = compare.rl_args("d1:paper", "tiny:llada", str(tmp_path / "p"), 0, lab)
+    assert paper.algo_config.num_iterations == 12 and paper.max_steps == 12 * lab.rollouts  # the paper's mu wins
+    assert compare.rl_args("espo", "tiny:llada", str(tmp_path / "e"), 0,
+                           compare.Lab(num_iterations=None)).algo_config.num_iterations == 8
+
+
+def test_all_expands_to_every_algorithm_once_and_mixes_with_variants():
+    assert compare.expand(["all", "vrpo:control", "d1"]) == compare.known() + ["d1:control", "vrpo:control"]
+
+
+def test_unknown_algorithm_or_profile_fails_before_anything_runs():
+    with pytest.raises(SystemExit, match=r"unknown algorithm.*'d2'.*algorithms: .*'d1'"):
+        compare.expand(["d2"])
+    with pytest.raises(SystemExit, match="no paper profile for spg"):
+        compare.expand(["spg:paper"])
+    with pytest.raises(SystemExit, match="variants"):
+        compare.expand(["d1:best"])
+
+
+def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_path, capsys):
+    lab = compare.Lab(algos=["d1", "d1:control"], seeds=[0, 1], sft_steps=20, rollouts=2, control_rollouts=2,
+                      questions=8, samples=2, output_dir=str(tmp_path))
+    results = compare.main(lab)
+    assert set(results) == {("llada", "d1"), ("llada", "d1:control")}
+    for name in ("comparison.md", "comparison.json", "comparison.png"):
+        assert (tmp_path / name).exists(), name
+    rows = [line for line in (tmp_path / "comparison.md").read_text().splitlines() if line.startswith("| llada")]
+    assert [row.split("|")[2:4] for row in rows] == [[" d1 ", " 2 "], [" d1:control ", " 2 "]]
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    assert len(saved["runs"]["llada/d1"]) == 2 and saved["lab"]["num_iterations"] == 1
+    run = tmp_path / "llada-d1-seed1" / "result.json"
+    mtime = run.stat().st_mtime_ns
+    assert compare.main(lab) == results and run.stat().st_mtime_ns == mtime  # nothing retrained
