@@ -1,11 +1,23 @@
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
 FAMILIES = ("llada", "dream", "sdar", "sdar_moe", "llada2")
 BLOCK_FAMILIES = ("sdar", "sdar_moe", "llada2")
+
+
+def load_script(path: Path, name: str):
+    """A script that is not a package module (recipes/...) imported as ``name``, once per session."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def pytest_configure(config):

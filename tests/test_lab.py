@@ -1,22 +1,19 @@
 """The comparison lab (recipes/lab/compare.py) and its measures (dare/eval/lab.py) on a few steps: what it writes,
-that a rerun reuses finished runs, that the shared settings reach every algorithm, the paired standard error, and
-clear errors for unknown algorithms or profiles. Whether RL learns is tests/test_rl_learns.py's question."""
+that a rerun reuses finished runs and refuses those made under other settings, that the shared settings reach every
+algorithm, the paired standard error, and clear errors for unknown algorithms or profiles. Whether RL learns is
+tests/test_rl_learns.py's question."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, load_script
 
 from dare.data.tasks import make_task, split_of
 from dare.eval.lab import held_out, mean_se, paired
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("lab_compare", ROOT / "recipes" / "lab" / "compare.py")
-compare = sys.modules["lab_compare"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compare)
+compare = load_script(ROOT / "recipes" / "lab" / "compare.py", "lab_compare")
 
 
 def test_paired_standard_error_is_that_of_the_per_question_differences():
@@ -84,3 +81,8 @@ def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_pat
     run = tmp_path / "llada-d1-seed1" / "result.json"
     mtime = run.stat().st_mtime_ns
     assert compare.main(lab) == results and run.stat().st_mtime_ns == mtime  # nothing retrained
+    more = compare.Lab(**{**vars(lab), "seeds": [0, 1, 2], "families": ["llada"]})
+    assert compare.check_settings(more, tmp_path) is None  # more seeds or algorithms: the same settings
+    other = compare.Lab(**{**vars(lab), "learning_rate": 3e-4})
+    with pytest.raises(SystemExit, match=r"other settings \(learning_rate: 0.001 there, 0.0003 now\)"):
+        compare.main(other)  # refused: its runs would be another setting's numbers

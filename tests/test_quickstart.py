@@ -4,23 +4,13 @@ never trained on. Every stage leaves its artefact, and RL raises the held-out re
 errors of the paired change, while d1 on the negated reward (its negative control, recipes/lab/compare.py's
 ``d1:control``) lowers it by at least 3; the margins are printed. About three minutes on one CPU thread."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import ROOT, load_script
 
 
 def test_quickstart_sft_then_d1_raises_held_out_reward_and_its_control_lowers_it(tmp_path, margin):
-    quickstart = load(ROOT / "recipes" / "quickstart" / "run.py", "quickstart")
+    quickstart = load_script(ROOT / "recipes" / "quickstart" / "run.py", "quickstart")
     result = quickstart.main(quickstart.Args(output_dir=str(tmp_path)))
     for artefact in ("data/train.jsonl", "sft/model.safetensors", "rl/model.safetensors", "rl/completions.jsonl",
                      "summary.md", "summary.json", "curve.png"):
@@ -31,7 +21,7 @@ def test_quickstart_sft_then_d1_raises_held_out_reward_and_its_control_lowers_it
            f"{reward['gain']:+.3f} ± {reward['se']:.3f} = {reward['z']:+.1f} SE (margin {reward['z'] - 3:+.1f} SE)")
     assert 0.05 < reward["before"] < 0.5, f"the SFT model should answer some held-out questions, not all: {reward}"
     assert reward["z"] >= 3, reward
-    lab = load(ROOT / "recipes" / "lab" / "compare.py", "lab_compare")
+    lab = load_script(ROOT / "recipes" / "lab" / "compare.py", "lab_compare")
     settings = lab.Lab()
     start = str(tmp_path / "sft")
     control = lab.run_one("d1:control", "llada", 0, start, lab.measure(start, settings), settings, tmp_path / "lab")

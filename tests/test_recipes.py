@@ -2,19 +2,14 @@
 unknown keys raise), names a known model family and points at data that exists; every accelerate config under
 accelerate_configs/ loads with the installed accelerate."""
 
-from pathlib import Path
-
 import pytest
-
-import importlib.util
-import sys
+from conftest import ROOT, load_script
 
 import train_rl
 import train_sft
 from dare.config import parse, peek
 from dare.models import Family, tiny
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 SFT_RECIPES = [p for p in RECIPES if p.stem.startswith("sft")]
 EVAL_RECIPES = [p for p in RECIPES if p.stem.startswith("eval")]
@@ -87,9 +82,7 @@ def test_eval_recipe_parses(path):
     from dare.eval.benchmarks import known
     assert path.read_text().startswith("# accelerate launch evaluate.py "), "first line: the launch command"
     # loaded by path: the module name `evaluate` belongs to HF's package once the OpenCompass extra is imported
-    spec = importlib.util.spec_from_file_location("dare_evaluate_script", ROOT / "evaluate.py")
-    script = sys.modules["dare_evaluate_script"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "evaluate.py", "dare_evaluate_script")
     args = parse(script.Args, ["--config", str(path)], config=(tyro.conf.OmitArgPrefixes,))
     family = path.parent.name
     assert FAMILY_MARKERS[family] in args.model

@@ -8,26 +8,16 @@ preference optimisation is checked in CI on what it optimises, the held-out pref
 Every algorithm runs with DARE_LAB=1 (one to fifteen minutes each on one core); the ones that do not learn at the
 shared settings fail there, as the README's lab table says."""
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 CI_CASES = {("coupled-grpo", "llada"), ("d1", "sdar")}
 MIN_Z = 3.0
 
 
-def load_lab():
-    spec = importlib.util.spec_from_file_location("lab_compare", ROOT / "recipes" / "lab" / "compare.py")
-    module = sys.modules["lab_compare"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lab_module = load_lab()
+lab_module = load_script(ROOT / "recipes" / "lab" / "compare.py", "lab_compare")
 
 
 @pytest.fixture(scope="module")

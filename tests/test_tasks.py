@@ -19,7 +19,7 @@ def evaluate(expression: str) -> float:
 def test_deterministic_and_splits_disjoint_by_question(name):
     assert make_task(name, 20, seed=3) == make_task(name, 20, seed=3)
     n = 50 if name == "addition" else 4000  # single-digit sums: 100 questions in all
-    questions = {split: {r["prompt"][-1]["content"] for r in make_task(name, n, 0, split) + make_task(name, n, 1, split)}
+    questions = {split: {r["prompt"][-1]["content"] for seed in (0, 1) for r in make_task(name, n, seed, split)}
                  for split in ("train", "test")}
     assert len(questions["train"] & questions["test"]) == 0  # no held-out question is ever trained on
     assert all(split_of(q) == split for split, qs in questions.items() for q in qs)
@@ -71,6 +71,8 @@ def test_written_files_have_the_real_schema(tmp_path):
         assert set(load_rows(str(real)).column_names) == set(rows.column_names)
     with pytest.raises(ValueError, match="Unknown task 'chess'"):
         make_task("chess", 1)
+    with pytest.raises(ValueError, match="Unknown split 'validation' of task 'sum4': train or test"):
+        make_task("sum4", 1, split="validation")
 
 
 @pytest.mark.parametrize("name,reward_name", [("arithmetic", "math"), ("countdown", "countdown"),

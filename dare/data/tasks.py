@@ -100,6 +100,8 @@ def make_task(name: str, n: int, seed: int = 0, split: str = "train") -> list[di
     """``n`` rows of task ``name`` whose questions belong to ``split`` (drawn from one stream per seed and split)."""
     if name not in TASKS:
         raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}")
+    if split not in ("train", "test"):
+        raise ValueError(f"Unknown split {split!r} of task {name!r}: train or test")
     rng, rows = random.Random(f"{name}-{split}-{seed}"), []
     for _ in range(100 * TEST_SHARE * max(n, 1)):
         if len(rows) == n:

@@ -20,12 +20,16 @@ from ..sampling import SamplingConfig
 from .benchmarks import prompt_rows_from
 
 
+def _engine(model_dir: str) -> HFEngine:
+    model, tokenizer, family = load_pretrained(model_dir, dtype=torch.float32)
+    return HFEngine(model.eval(), tokenizer, family, max_batch_size=1024)
+
+
 def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, gen_length: int = 12,
              seed: int = 12345) -> dict:
     """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``greedy_q``: its greedy
     reward. Question-major lists over the first ``questions`` test questions of ``task``."""
-    model, tokenizer, family = load_pretrained(model_dir, dtype=torch.float32)
-    engine = HFEngine(model.eval(), tokenizer, family, max_batch_size=1024)
+    engine = _engine(model_dir)
     rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
     router, prompts, out = RewardRouter(["auto"]), [r["prompt"] for r in rows], {}
     for name, n, temperature in (("reward_q", samples, 1.0), ("greedy_q", 1, 0.0)):
@@ -39,11 +43,9 @@ def mistake_pairs(model_dir: str, task: str, n: int, gen_length: int = 12, seed:
     """``n`` preference pairs on train-split questions: chosen = the reference solution, rejected = the model's own
     wrong answer (one completion at T = 1 per question; questions it answers right are skipped). The pairs a
     preference method meets when it learns from the policy's mistakes, unlike generated near misses."""
-    model, tokenizer, family = load_pretrained(model_dir, dtype=torch.float32)
-    engine = HFEngine(model.eval(), tokenizer, family, max_batch_size=1024)
     rows = prompt_rows_from(make_task(task, 3 * n, seed=0, split="train"))
-    rollout = engine.generate([r["prompt"] for r in rows], 1, SamplingConfig(gen_length=gen_length, temperature=1.0),
-                              seed=seed)
+    sampling = SamplingConfig(gen_length=gen_length, temperature=1.0)
+    rollout = _engine(model_dir).generate([r["prompt"] for r in rows], 1, sampling, seed=seed)
     scores = [r.score for r in RewardRouter(["auto"]).score(rollout.texts, rows)]
     pairs = [{"prompt": row["prompt"], "chosen": row["extra_info"]["solution"], "rejected": text}
              for row, text, score in zip(rows, rollout.texts, scores) if score <= 0 and text.strip()]

@@ -83,17 +83,22 @@ def measure(model_dir: str, lab: Lab) -> dict:
     return held_out(model_dir, lab.task, lab.questions, lab.samples, lab.gen_length)
 
 
-def sft_start(family: str, lab: Lab, out: Path) -> str:
-    folder = out / f"sft-{family}"
-    if not (folder / "model.safetensors").exists():
-        train = write_task(lab.task, str(out / "data" / "train.jsonl"), 4000, 0, "train")
-        a = train_sft.Args(model=f"tiny:{family}", output_dir=str(folder), max_steps=lab.sft_steps,
-                           learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
-                           per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
-        a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
-        a.data.max_length, a.data.pad_to = 64, "longest"
-        train_sft.main(a)
+def sft(family: str, lab: Lab, folder: Path) -> str:
+    """SFT of a tiny random model of ``family`` on the task's train split (``folder.parent/data``): the RL start."""
+    train = write_task(lab.task, str(folder.parent / "data" / "train.jsonl"), 4000, 0, "train")
+    a = train_sft.Args(model=f"tiny:{family}", output_dir=str(folder), max_steps=lab.sft_steps,
+                       learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
+                       per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
+    a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
+    a.data.max_length, a.data.pad_to = 64, "longest"
+    train_sft.main(a)
     return str(folder)
+
+
+def sft_start(family: str, lab: Lab, out: Path) -> str:
+    """The lab's shared start of ``family``, trained once per output folder."""
+    folder = out / f"sft-{family}"
+    return str(folder) if (folder / "model.safetensors").exists() else sft(family, lab, folder)
 
 
 def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
@@ -257,10 +262,30 @@ def plot(results: dict, path: Path):
     fig.savefig(path, dpi=120)
 
 
+# what a finished run's numbers depend on besides its algorithm, family and seed
+SETTINGS = ("task", "sft_steps", "sft_lr", "rollouts", "control_rollouts", "prompts_per_step", "num_generations",
+            "learning_rate", "offline_learning_rate", "prompt_masking", "num_iterations", "gen_length", "questions",
+            "samples")
+
+
+def check_settings(lab: Lab, out: Path):
+    """A folder's finished runs are reused only under the settings that produced them (``lab.json``)."""
+    path, mine = out / "lab.json", {k: getattr(lab, k) for k in SETTINGS}
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        changed = [f"{k}: {theirs.get(k)} there, {v} now" for k, v in mine.items() if theirs.get(k) != v]
+        if changed:
+            raise SystemExit(f"{out} holds runs made with other settings ({'; '.join(changed)}): choose another "
+                             "--output-dir")
+    else:
+        path.write_text(json.dumps(mine, indent=2))
+
+
 def main(lab: Lab) -> dict:
     torch.set_num_threads(lab.threads)
     out = Path(lab.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_settings(lab, out)
     results, raw, t0 = {}, {}, time.perf_counter()
     for family in lab.families:
         start = sft_start(family, lab, out)

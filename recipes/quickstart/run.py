@@ -23,9 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import train_rl  # noqa: E402
-import train_sft  # noqa: E402
-from dare.data.tasks import write_task  # noqa: E402
-from dare.eval.lab import held_out, mean_se, paired  # noqa: E402
+from dare.eval.lab import mean_se, paired  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "recipes" / "lab"))
 import compare as lab  # noqa: E402
@@ -76,24 +74,17 @@ def plot(history: list[dict], before: dict, after: dict, path: Path, title: str)
 def main(args: Args) -> dict:
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir)
-    train = write_task(args.task, str(out / "data" / "train.jsonl"), 4000, 0, "train")
-
-    sft = train_sft.Args(model=f"tiny:{args.family}", output_dir=str(out / "sft"), max_steps=args.sft_steps,
-                         learning_rate=3e-3, warmup_steps=0.0, lr_scheduler_type="constant",
-                         per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
-    sft.data.path, sft.data.prompt_key, sft.data.response_key = train, "prompt", "extra_info.solution"
-    sft.data.max_length, sft.data.pad_to = 64, "longest"
-    train_sft.main(sft)
-    before = held_out(str(out / "sft"), args.task, args.questions, args.samples)
-
-    settings = lab.Lab(task=args.task, rollouts=args.rl_steps, learning_rate=args.learning_rate,
-                       offline_learning_rate=args.offline_learning_rate, prompt_masking=args.prompt_masking,
-                       num_iterations=args.num_iterations)
-    rl = lab.rl_args(args.algo, str(out / "sft"), str(out / "rl"), 42, settings)  # the comparison lab's RL settings
+    settings = lab.Lab(task=args.task, sft_steps=args.sft_steps, rollouts=args.rl_steps,
+                       learning_rate=args.learning_rate, offline_learning_rate=args.offline_learning_rate,
+                       prompt_masking=args.prompt_masking, num_iterations=args.num_iterations,
+                       questions=args.questions, samples=args.samples)
+    start = lab.sft(args.family, settings, out / "sft")  # the comparison lab's SFT and RL settings
+    before = lab.measure(start, settings)
+    rl = lab.rl_args(args.algo, start, str(out / "rl"), 42, settings)
     rl.log_completions = 2
     offline = type(rl.algo_config).offline
     history = train_rl.main(rl).state.log_history
-    after = held_out(str(out / "rl"), args.task, args.questions, args.samples)
+    after = lab.measure(str(out / "rl"), settings)
 
     rows, numbers = [], {}
     for key, label in (("reward_q", f"held-out reward, T = 1 ({args.questions} questions x {args.samples})"),
