@@ -60,23 +60,23 @@ class Lab:
     # NAME, NAME:paper, NAME:control; all = every algorithm and d1:control
     algos: list[str] = field(default_factory=lambda: ["d1", "d1:control"])
     families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # RL seeds per algorithm (one shared SFT start)
     task: str = "sum4"  # a generated task with disjoint train/test questions (dare/data/tasks.py)
     sft_steps: int = 1500  # SFT of the shared start
-    sft_lr: float = 3e-3
-    rollouts: int = 90  # rollout batches per RL run (offline algorithms: optimiser steps of 16 pairs)
+    sft_lr: float = 3e-3  # SFT learning rate (constant)
+    rollouts: int = 90  # rollout batches per RL run (offline algorithms: optimiser steps of prompts_per_step pairs)
     control_rollouts: int = 30  # for NAME:control runs (unlearning is fast)
-    prompts_per_step: int = 16
-    num_generations: int = 8
+    prompts_per_step: int = 16  # prompts per rollout batch
+    num_generations: int = 8  # completions per prompt (the group)
     learning_rate: float = 1e-3  # RL learning rate (constant, no warm-up)
     offline_learning_rate: float = 1e-4  # for offline preference optimisation (VRPO falls at 1e-3)
     prompt_masking: float | None = 0.0  # p_prompt of the algorithms that mask prompt tokens (None: their defaults)
     num_iterations: int | None = 1  # passes over each rollout batch for all (None: defaults, espo 8, d-treerpo 12)
-    gen_length: int = 12
+    gen_length: int = 12  # completion tokens, in RL and in the held-out measure
     questions: int = 800  # held-out questions
     samples: int = 8  # T = 1 completions per held-out question
     threads: int = 1  # torch threads (1: the same numbers on any core count)
-    output_dir: str = "outputs/lab"
+    output_dir: str = "outputs/lab"  # shared start, runs (each reused when rerun) and comparison.{md,json,png}
 
 
 def measure(model_dir: str, lab: Lab) -> dict:
