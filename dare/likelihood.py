@@ -19,13 +19,15 @@ them (one graph alive at a time). Untempered logits everywhere except the AR est
 mean_field  d1: completion fully masked, prompt tokens masked w.p. p_prompt; per-token log p, one forward.
 coupled     Coupled-GRPO: full-mask pass + a complementary pair (t ~ U[t_min, t_max]) weighted 1/t, 1/(1-t).
 mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]`` (VRPO: no / L).
-block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward; ``[N]``.
+block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward (masked
+            families: one per semi-AR block); ``[N, rows]``.
 seq_elbo    ESPO: batch-stratified counts in [0, L], complementary second half; ``E / L`` per draw ``[N, K]``.
 sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
 ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
 trajectory  CJ-GRPO: the rollout's own decoding steps replayed, each token scored from the state that committed it.
 step_prediction  MDPO: each recorded step's whole-canvas prediction scored from the canvas before that step.
-edge_transition  d-TreeRPO: a tree node's children scored from the node's state, one forward for all of them.
+edge_transition  d-TreeRPO: a tree node's children scored from the node's state, one forward for all of them
+                 (block families: one per child, the child being the clean copy).
 """
 
 from dataclasses import dataclass
@@ -60,6 +62,10 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
         attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
+    if family.is_block_diffusion:
+        noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
+        if not torch.is_tensor(keep):
+            keep = torch.arange(prompt.shape[1], prompt.shape[1] + keep, device=noisy.device)
     logits = family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 models: log-softmax in fp32
     if temperature != 1.0:
@@ -73,6 +79,23 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
         return Estimate(logp.gather(-1, targets.transpose(1, 2)).transpose(1, 2), entropy)
     targets = completion if positions is None else completion[:, positions]
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
+
+
+def whole_blocks(family, noisy: torch.Tensor, clean: torch.Tensor, attention: torch.Tensor):
+    """Block families: the attended sequence continued with masks to the end of its last block, as the sampler saw
+    it (the official samplers decode the last block whole and cut the output; the block of a stop token was decoded
+    with masks after it). Columns are appended on the right where a row runs past the batch's width."""
+    block = family.block_size
+    width = attention.shape[1]
+    end = width - attention.flip(-1).long().argmax(-1)  # one past each row's last attended column
+    extra = (-attention.sum(-1)) % block  # masks that complete the last block
+    grow = max(int((end + extra).max()) - width, 0)
+    if grow:
+        noisy, clean = (torch.nn.functional.pad(t, (0, grow), value=family.mask_id) for t in (noisy, clean))
+        attention = torch.nn.functional.pad(attention, (0, grow))
+    cols = torch.arange(width + grow, device=noisy.device)[None]
+    tail = (cols >= end[:, None]) & (cols < (end + extra)[:, None])
+    return noisy.masked_fill(tail, family.mask_id), clean.masked_fill(tail, family.mask_id), attention | tail.long()
 
 
 def _masked_input(family, batch, completion_masked: torch.Tensor, prompt: torch.Tensor | None = None):
@@ -164,25 +187,52 @@ class MCElbo:
 
 @dataclass
 class BlockElbo:
-    """EBPO's composite block ELBO (block families): for each of ``samples`` rows, every block of the completion
-    (global grid) masks >= 1 token at a stratified level; one ``[x_t ‖ x_0]`` forward scores all blocks; the row's
-    value is ``sum log p / p``. Returns ``[N, rows]`` (the composite ELBO is their mean; not length-normalised)."""
+    """EBPO's composite block ELBO: for each of ``samples`` rows, every block of the completion masks >= 1 token at
+    a stratified level; the row's value is ``sum log p / p``. Returns ``[N, rows]`` (the composite ELBO is their
+    mean; not length-normalised). Block families: blocks on the global grid, all scored in one ``[x_t ‖ x_0]``
+    forward. Masked families: the semi-autoregressive blocks of the sampler (``block``, counted from the
+    completion's start), block b scored from the clean earlier blocks, its noisy self and fully masked later blocks
+    (the state the semi-AR sampler decoded it in): one forward per block."""
 
     samples: int = 16
+    block: int | None = None  # masked families: the sampler's block length
 
     def corrupt(self, family, batch, generator=None) -> dict:
-        offsets = batch["prompt_mask"].sum(-1)
-        masks, p = block_stratified_masks(_maskable(batch), offsets, family.block_size, self.samples, generator)
+        size, offsets = self._grid(family, batch)
+        masks, p = block_stratified_masks(_maskable(batch), offsets, size, self.samples, generator)
         return {"masks": masks, "p": p}
+
+    def _grid(self, family, batch):
+        if family.is_block_diffusion:
+            return family.block_size, batch["prompt_mask"].sum(-1)
+        if self.block is None:
+            raise ValueError("the composite block ELBO of a masked-diffusion family needs the sampler's block length")
+        return self.block, torch.zeros(len(batch["prompt_mask"]), dtype=torch.long, device=batch["prompt_mask"].device)
 
     def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
         draws = range(self.samples) if draw is None else [draw]
+        size, offsets = self._grid(family, batch)
         values = []
         for n in draws:
-            masked = noise["masks"][:, n]
-            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
-            values.append((logp * masked / noise["p"][:, n].clamp(min=1e-12)).sum(-1))
+            masked, weight = noise["masks"][:, n], masked_weight(noise, n)
+            if family.is_block_diffusion:
+                logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+                values.append((logp * weight).sum(-1))
+                continue
+            block_of = (offsets[:, None] + torch.arange(masked.shape[1], device=masked.device)) // size
+            value = 0.0
+            for b in block_of.unique().tolist():
+                here = block_of == b
+                hidden = (masked & here) | (block_of > b)
+                logp = score_tokens(model, family, batch, _masked_input(family, batch, hidden)).logp
+                value = value + (logp * weight * here).sum(-1)
+            values.append(value)
         return Estimate(torch.stack(values, -1))
+
+
+def masked_weight(noise, n):
+    """``1 / p`` on the tokens draw ``n`` masks, 0 elsewhere."""
+    return noise["masks"][:, n] / noise["p"][:, n].clamp(min=1e-12)
 
 
 @dataclass
@@ -335,7 +385,7 @@ class StepPrediction:
     def score(self, model, family, batch, noise, step: int | None = None) -> Estimate:
         if step is None:
             ests = [self.score(model, family, batch, noise, k) for k in range(batch["states"].shape[1])]
-            return Estimate(torch.stack([e.logp for e in ests], 1), torch.stack([e.entropy for e in ests], 1))
+            return Estimate(torch.stack([e.logp for e in ests], 1), ests[0].entropy)
         noisy = torch.cat([batch["prompt_ids"], batch["states"][:, step]], 1)
         return score_tokens(model, family, {**batch, "completion_ids": batch["targets"][:, step]}, noisy)
 
@@ -350,7 +400,12 @@ class EdgeTransition:
 
     def score(self, model, family, batch, noise) -> Estimate:
         noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-        return score_tokens(model, family, batch, noisy, targets=batch["children"])
+        if not family.is_block_diffusion:
+            return score_tokens(model, family, batch, noisy, targets=batch["children"])
+        # block families: each child is the clean copy its own blocks are predicted from (one forward per child)
+        ests = [score_tokens(model, family, {**batch, "completion_ids": child}, noisy)
+                for child in batch["children"].unbind(1)]
+        return Estimate(torch.stack([e.logp for e in ests], 1), ests[0].entropy)
 
 
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,

@@ -151,6 +151,34 @@ def test_ebpo_every_block_has_a_target_and_weights_are_unbiased():
     assert (total[~maskable] == 0).all()
 
 
+@pytest.mark.parametrize("family_name", ["llada", "dream"])
+def test_ebpo_masked_families_score_each_semi_ar_block_from_its_sampler_state(family_name):
+    """On a masked family the composite ELBO follows the rollout's semi-AR blocks: block b's term is read from clean
+    earlier blocks, its own noisy tokens and FULLY masked later blocks (so it cannot see later tokens), one forward
+    per block; the value is the sum of the blocks' terms."""
+    model, fam, batch = setup(family_name, rows=2, length=8)
+    algo = get_algorithm("ebpo")(samples=2)
+    algo.sampling(SamplingConfig(gen_length=8, block_length=4), fam)
+    est = algo.estimator()
+    noise = est.corrupt(fam, batch, torch.Generator().manual_seed(0))
+    first, second = torch.arange(8) < 4, torch.arange(8) >= 4
+    assert ((noise["masks"] & first).sum(-1) >= 1).all() and ((noise["masks"] & second).sum(-1) >= 1).all()
+    only_first = {"masks": noise["masks"] & first, "p": noise["p"]}
+    value = est.score(model, fam, batch, only_first).logp
+    changed = {**batch, "completion_ids": batch["completion_ids"].clone()}
+    changed["completion_ids"][:, 4:] = 7
+    assert torch.equal(est.score(model, fam, changed, only_first).logp, value)  # later tokens unseen
+    for n in range(2):  # by hand: one forward with the second block masked
+        hidden = only_first["masks"][:, n] | second
+        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(hidden, fam.mask_id)], 1)
+        logp = fam.logits(model, noisy, torch.ones_like(noisy))[:, 6:].log_softmax(-1)
+        logp = logp.gather(-1, batch["completion_ids"][..., None])[..., 0]
+        torch.testing.assert_close(value[:, n], (logp * hidden * first / noise["p"][:, n]).sum(-1))
+    whole = est.score(model, fam, batch, noise).logp
+    only_second = {"masks": noise["masks"] & second, "p": noise["p"]}
+    torch.testing.assert_close(whole, value + est.score(model, fam, batch, only_second).logp)
+
+
 def test_ebpo_log_domain_clip_matches_ratio_clip_without_overflow():
     r = torch.logspace(-3, 3, 200, dtype=torch.float64)
     for a in (-1.0, 0.0, 1.0):
@@ -206,6 +234,16 @@ def test_espo_eps_zero_gradient_at_the_tie_is_pinned():
 
 # -------------------------------------------------------------------------------------------------- justgrpo
 
+def by_hand_layout(fam, prompt, noisy_completion, completion):
+    """``prompt ‖ completion`` as the sampler saw it: block families continue with masks to the end of the last
+    block (the official samplers decode the last block whole), and read it through ``[x_t ‖ x_0]``."""
+    noisy = torch.cat([prompt, noisy_completion], 1)
+    if not fam.is_block_diffusion:
+        return noisy, None
+    tail = prompt.new_full((len(prompt), -noisy.shape[1] % fam.block_size), fam.mask_id)
+    return torch.cat([noisy, tail], 1), torch.cat([prompt, completion, tail], 1)
+
+
 @pytest.mark.parametrize("family_name", ["llada", "dream", "sdar"])
 def test_justgrpo_likelihood_is_the_sum_of_ar_conditionals(family_name):
     model, fam, batch = setup(family_name, rows=2, length=8)
@@ -215,8 +253,7 @@ def test_justgrpo_likelihood_is_the_sum_of_ar_conditionals(family_name):
     for t in range(8):  # by hand: mask positions t.., read position t, divide by T, ban the mask token
         masked = batch["completion_ids"].clone()
         masked[:, t:] = fam.mask_id
-        noisy = torch.cat([batch["prompt_ids"], masked], 1)
-        clean = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1) if fam.is_block_diffusion else None
+        noisy, clean = by_hand_layout(fam, batch["prompt_ids"], masked, batch["completion_ids"])
         logits = fam.logits(model, noisy, torch.ones_like(noisy), clean_ids=clean)[:, 6 + t] / 0.7
         logits[:, fam.mask_id] = float("-inf")
         expected = logits.log_softmax(-1).gather(-1, batch["completion_ids"][:, t:t + 1])[:, 0]
@@ -231,8 +268,8 @@ def test_justgrpo_sampler_is_the_learner(family_name):
     algo = get_algorithm("justgrpo")()
     config = algo.sampling(SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"), fam)
     out = generate(model, fam, batch["prompt_ids"], batch["prompt_mask"], config)
-    assert torch.equal(out.step_map, torch.arange(8).expand(2, 8))
-    batch["completion_ids"] = out.sequences
+    assert (out.step_map.diff(dim=-1) > 0).all()  # one token per step, left to right (block families leave the
+    batch["completion_ids"] = out.sequences       # unused step slots of a block the prompt partly fills)
     logits_order = []
     for t in range(8):
         masked = out.sequences.clone()
@@ -244,8 +281,7 @@ def test_justgrpo_sampler_is_the_learner(family_name):
     for t in range(8):
         masked = out.sequences.clone()
         masked[:, t:] = fam.mask_id
-        noisy = torch.cat([batch["prompt_ids"], masked], 1)
-        clean = torch.cat([batch["prompt_ids"], out.sequences], 1) if fam.is_block_diffusion else None
+        noisy, clean = by_hand_layout(fam, batch["prompt_ids"], masked, out.sequences)
         logits = fam.logits(model, noisy, torch.ones_like(noisy), clean_ids=clean)[:, 6 + t]
         logits[:, fam.mask_id] = float("-inf")
         assert torch.equal(logits.argmax(-1), out.sequences[:, t])

@@ -281,10 +281,23 @@ def test_dream_schedule_counts(name, gen_length, block_length, steps):
     assert not (out.sequences == fam.mask_id).any()
 
 
+def official_block_counts(masks: int, block: int, steps: int) -> list[int]:
+    """SDAR generate.py / LLaDA2 generate: ``get_num_transfer_tokens(block_length, steps)`` (the even split of the
+    BLOCK SIZE, remainder first), each step committing ``min(n_j, masks left)`` (LLaDA2's cap)."""
+    quota = [block // steps + (1 if j < block % steps else 0) for j in range(steps)]
+    counts, left = [], masks
+    for q in quota:
+        counts.append(min(q, left))
+        left -= counts[-1]
+    return counts
+
+
 @pytest.mark.parametrize("name", BLOCK_FAMILIES)
 def test_block_schedule_and_block_order(name):
-    """Each block is filled by the linear schedule of ITS masked count over ``steps`` (the first decoded block
-    holds the tail of the prompt), blocks strictly in order, block_step in 0..steps-1."""
+    """M1 + M3 from the official rule: the canvas runs to the end of the block holding the last generated token and
+    that block is decoded whole (the replay view shows it; the output is cut to gen_length); each block's step j
+    commits ``min(n_j, left)`` with ``n_j`` the split of the block SIZE (a prompt that fills part of the first block
+    does not change the counts); blocks strictly in order, block_step in 0..steps-1, nominal global steps."""
     model, _, fam = load(name)
     b = fam.block_size
     lengths = [5, b + 2, 2 * b]
@@ -294,18 +307,18 @@ def test_block_schedule_and_block_order(name):
     out = generate(model, fam, ids, mask, SamplingConfig(gen_length=gen_length, steps=steps, stop_at_eos=False))
     assert ((out.block_step >= 0) & (out.block_step < steps)).all()
     for r, p_len in enumerate(lengths):
-        block_of = (p_len + torch.arange(gen_length)) // b
-        prev_max = -1
-        for blk in block_of.unique().tolist():
+        end = -(-(p_len + gen_length) // b) * b
+        decoded = out.replay_step[r] >= 0
+        assert int(decoded.sum()) == end - p_len and decoded[:end - p_len].all()  # whole last block decoded
+        assert torch.equal(out.replay_ids[r, :gen_length], out.sequences[r])
+        block_of = (p_len + torch.arange(decoded.shape[0]))[decoded] // b
+        local = out.replay_step[r][decoded]
+        for k, blk in enumerate(block_of.unique().tolist()):
             sel = block_of == blk
-            m = int(sel.sum())
-            expected = [m // steps + (1 if j < m % steps else 0) for j in range(steps)]
-            assert torch.bincount(out.block_step[r][sel], minlength=steps).tolist() == expected
-            steps_here = out.step_map[r][sel]
-            assert steps_here.min() > prev_max
-            prev_max = int(steps_here.max())
-            offset = steps_here - out.block_step[r][sel]
-            assert (offset == offset[0]).all()  # global step = block's first step + step inside the block
+            assert torch.bincount(local[sel], minlength=steps).tolist() == official_block_counts(int(sel.sum()), b,
+                                                                                                 steps)
+        first_block = (p_len + torch.arange(gen_length)) // b - p_len // b  # k-th decoded block owns k*steps..
+        assert torch.equal(out.step_map[r], first_block * steps + out.block_step[r])
 
 
 # ---------------------------------------------------------------- 4. parallel decoding
@@ -332,7 +345,7 @@ def test_masked_threshold_above_one_equals_sequential(name, cache):
 def test_masked_low_threshold_commits_blocks_in_parallel(name):
     model, _, fam = load(name)
     ids, mask = prompts(fam, [3, 9], seed=8)
-    lc = dict(remasking="low_confidence")
+    lc = dict(remasking="low_confidence", threshold_rule="one")
     everything = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.0, **lc))
     assert everything.nfe == 2 and everything.step_map.view(2, 2, 4).tolist() == [[[0] * 4, [1] * 4]] * 2
     some = generate(model, fam, ids, mask, SamplingConfig(gen_length=8, block_length=4, threshold=0.03, **lc))
@@ -346,7 +359,7 @@ def test_block_threshold_above_one_equals_static_one_per_step(name, cache):
     ids, mask = prompts(fam, [5, 10], seed=9)
     length = 8 if fam.block_size == 4 else 36
     common = dict(gen_length=length, cache=cache, stop_at_eos=False)
-    par = generate(model, fam, ids, mask, SamplingConfig(steps=2, threshold=1.01, **common))
+    par = generate(model, fam, ids, mask, SamplingConfig(steps=2, threshold=1.01, threshold_rule="one", **common))
     seq = generate(model, fam, ids, mask, SamplingConfig(steps=fam.block_size, **common))
     assert torch.equal(par.sequences, seq.sequences)
     assert torch.equal(par.step_map, seq.step_map) and torch.equal(par.block_step, seq.block_step)
@@ -355,18 +368,18 @@ def test_block_threshold_above_one_equals_static_one_per_step(name, cache):
 
 
 @pytest.mark.parametrize("name", BLOCK_FAMILIES)
-def test_block_threshold_floor_schedule(name):
-    """threshold_floor='schedule' (SDAR dynamic): a step commits all above the threshold if at least the scheduled
+def test_block_threshold_rule_schedule(name):
+    """threshold_rule='schedule' (SDAR dynamic, the block families' default): a step commits all above the threshold if at least the scheduled
     count passes, else the top scheduled count: a threshold nothing reaches is the static schedule, one everything
     reaches fills each block in one step."""
     model, _, fam = load(name)
     ids, mask = prompts(fam, [5, 10], seed=9)
     common = dict(gen_length=8 if fam.block_size == 4 else 36, steps=4, stop_at_eos=False)
     static = generate(model, fam, ids, mask, SamplingConfig(**common))
-    never = generate(model, fam, ids, mask, SamplingConfig(threshold=1.01, threshold_floor="schedule", **common))
-    same_row(static, 0, never, 0, True)
-    same_row(static, 1, never, 1, True)
-    always = generate(model, fam, ids, mask, SamplingConfig(threshold=0.0, threshold_floor="schedule", **common))
+    never = generate(model, fam, ids, mask, SamplingConfig(threshold=1.01, threshold_rule="schedule", **common))
+    same_row(static, 0, never, 0, False)  # same tokens and block steps (global step slots: steps vs block size)
+    same_row(static, 1, never, 1, False)
+    always = generate(model, fam, ids, mask, SamplingConfig(threshold=0.0, threshold_rule="schedule", **common))
     assert (always.block_step == 0).all()
 
 
@@ -720,18 +733,29 @@ def test_factor_rule_example():
     assert P.factor_rule(conf[:1], 2.0).tolist() == [[True, True, True, False, False]]
 
 
-def test_select_threshold_floors():
+def test_select_threshold_rules():
     inf = float("-inf")
     conf = torch.tensor([[0.2, 0.9, 0.4, inf], [0.1, 0.2, 0.3, 0.05]])
     n = torch.tensor([2, 2])
-    cfg = SamplingConfig(threshold=0.35)
+    cfg = SamplingConfig(threshold=0.35, threshold_rule="one")
     assert P.select(conf, n, cfg).tolist() == [[False, True, True, False], [False, False, True, False]]
-    cfg = SamplingConfig(threshold=0.35, threshold_floor="schedule")
+    cfg = SamplingConfig(threshold=0.35, threshold_rule="schedule")
     assert P.select(conf, n, cfg).tolist() == [[False, True, True, False], [False, True, True, False]]
-    at = P.select(conf, n, SamplingConfig(threshold=0.4)).tolist()  # confidence == threshold commits (>=)
+    one = dict(threshold_rule="one")
+    at = P.select(conf, n, SamplingConfig(threshold=0.4, **one)).tolist()  # confidence == threshold commits (>=)
     assert at == [[False, True, True, False], [False, False, True, False]]
-    assert P.select(conf, n, SamplingConfig(threshold=0.2)).tolist()[1] == [False, True, True, False]
-    assert P.select(conf, torch.tensor([1, 1]), SamplingConfig(threshold=1.01)).sum(-1).tolist() == [1, 1]
+    # SDAR/LLaDA2 count strictly greater: at 0.4 only one passes in row 0, fewer than n = 2, so the top 2
+    at = P.select(conf, n, SamplingConfig(threshold=0.4, threshold_rule="schedule")).tolist()
+    assert at == [[False, True, True, False], [False, True, True, False]]
+    assert P.select(conf, n, SamplingConfig(threshold=0.2, **one)).tolist()[1] == [False, True, True, False]
+    assert P.select(conf, torch.tensor([1, 1]), SamplingConfig(threshold=1.01, **one)).sum(-1).tolist() == [1, 1]
+    # quota (Dream): among the top n candidates the first always, the rest only at or above the threshold
+    quota = dict(threshold_rule="quota")
+    wide = torch.tensor([[0.95, 0.92, 0.91, 0.5, 0.97]])
+    assert P.select(wide, torch.tensor([3]), SamplingConfig(threshold=0.9, **quota)).tolist() == [
+        [True, True, False, False, True]]  # 0.91 passes but is not among the top 3
+    assert P.select(wide, torch.tensor([2]), SamplingConfig(threshold=0.99, **quota)).tolist() == [
+        [False, False, False, False, True]]
     assert P.select(conf, n, SamplingConfig()).tolist() == [[False, True, True, False], [False, True, True, False]]
 
 

@@ -3,6 +3,8 @@ models-and-sampling.md §4.8) and the sampler options they need (EOS early rejec
 canvas predictions, resuming a partial decoding). Shared contract tests (ratio 1 on-policy, micro-batch
 invariance, every family) are in test_algo_contract.py."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -36,33 +38,40 @@ def attention(rollout, fam):
 @pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2"])
 def test_cj_replay_reproduces_states_and_the_path_log_probability(name):
     """Replaying the recorded steps gives the sampler's state before every step, and the per-step log-probs sum
-    to the path's log-probability computed independently from the recorded states (single-stream forwards)."""
+    to the path's log-probability computed independently from those states (single-stream forwards). Block
+    families replay the whole last block (decoded whole, the output cut to gen_length)."""
     eng = engine(name)
     fam, model = eng.family, eng.model
     algo = get_algorithm("cj-grpo")().validate(fam)
+    per_block = 2
     config = algo.sampling(SamplingConfig(gen_length=8 if fam.block_size != 32 else 64, temperature=1.0,
-                                          steps=4 if not fam.is_block_diffusion else 2, block_length=None,
+                                          steps=4 if not fam.is_block_diffusion else per_block, block_length=None,
                                           record_states=True, stop_at_eos=False), fam)
     rollout = eng.generate(PROMPTS, 2, config, seed=3)
     batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0)
     steps, completion = batch["steps"], batch["completion_ids"]
-    assert (steps >= 0).all() and steps.max() < algo.streams
+    length = rollout.completion_ids.shape[1]
+    assert (steps[:, :length] >= 0).all() and steps.max() < algo.streams
+    if fam.is_block_diffusion:  # the global step of each replayed token: its block's slot + its local step
+        p_len = rollout.prompt_mask.sum(-1, keepdim=True)
+        k = torch.arange(completion.shape[1])
+        ends = -(-(p_len + length) // fam.block_size) * fam.block_size - p_len
+        assert torch.equal(steps >= 0, k[None] < ends)  # every token up to the end of the last block, none after
+        glob = torch.where(steps >= 0, ((p_len + k) // fam.block_size - p_len // fam.block_size) * per_block + steps,
+                           -1)
+        attended = torch.cat([rollout.prompt_mask, (steps >= 0).long()], 1)
+    else:
+        glob, attended = steps, attention(rollout, fam)
+    executed = glob[glob >= 0].unique().tolist()
+    assert len(executed) == len(rollout.states)
     expected = torch.zeros(len(completion), dtype=torch.float64)
-    for g, before in enumerate([blank(completion, fam)] + rollout.states[:-1]):
-        committed = rollout.step_map == g
-        if not fam.is_block_diffusion:  # global steps: the replayed state is the recorded one
-            assert torch.equal(completion.masked_fill(steps >= g, fam.mask_id), before), g
-        else:  # block-parallel local step j: each row's current block is replayed as it was then
-            grid = (rollout.prompt_mask.sum(-1, keepdim=True) + torch.arange(completion.shape[1])) // fam.block_size
-            for r in committed.any(-1).nonzero()[:, 0]:
-                i = committed[r].nonzero()[0, 0]
-                block = grid[r] == grid[r, i]
-                replay = completion[r].masked_fill(steps[r] >= rollout.block_step[r, i], fam.mask_id)
-                assert torch.equal(replay[block], before[r, block]), (g, r)
-        logits = fam.logits(model, torch.cat([rollout.prompt_ids, before], 1), attention(rollout, fam))
+    for i, g in enumerate(executed):
+        before = completion.masked_fill(glob >= g, fam.mask_id).masked_fill(glob < 0, fam.pad_id)
+        recorded = blank(rollout.completion_ids, fam) if i == 0 else rollout.states[i - 1]
+        assert torch.equal(before[:, :length], recorded), g
+        logits = fam.logits(model, torch.cat([rollout.prompt_ids, before], 1), attended)
         logp = logits[:, rollout.prompt_ids.shape[1]:].double().log_softmax(-1)
-        logp = logp.gather(-1, completion[..., None])[..., 0]
-        expected += (logp * committed).sum(-1)
+        expected += (logp.gather(-1, completion[..., None])[..., 0] * (glob == g)).sum(-1)
     with torch.no_grad():
         replayed = algo.estimator().score(model, fam, batch, {}).logp.sum(-1)
     torch.testing.assert_close(replayed, expected, atol=1e-9, rtol=1e-9)
@@ -84,7 +93,7 @@ def test_cj_masked_families_use_global_steps_block_families_local_ones():
     config = algo.sampling(SamplingConfig(gen_length=8, steps=2, stop_at_eos=False), sdar.family)
     rollout = sdar.generate(PROMPTS, 1, config, seed=0)
     batch = algo.make_batch(sdar.family, rollout, torch.zeros(2), 1, None, 0)
-    assert algo.streams == 2 and torch.equal(batch["steps"], rollout.block_step) and batch["steps"].max() == 1
+    assert algo.streams == 2 and torch.equal(batch["steps"][:, :8], rollout.block_step) and batch["steps"].max() == 1
 
 
 def test_cj_block_replay_keeps_the_stop_block():
@@ -146,23 +155,27 @@ def test_eos_early_rejection_and_ascending_steps():
         eng.generate(PROMPTS, 1, SamplingConfig(gen_length=8, remasking="entropy", eos_early_rejection=0.1))
 
 
-@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2"])
 def test_resuming_a_partial_decoding_continues_it(name):
     """Greedy decoding stopped at step 3 and resumed from its canvas equals the uninterrupted decoding; the
-    resumed run's step ids continue the schedule. Block families refuse to resume."""
+    resumed run's step ids continue the schedule (block families: block k owns steps k*S..). Threshold decoding
+    has no fixed schedule and refuses to resume."""
     eng = engine(name)
-    config = SamplingConfig(gen_length=8, block_length=4, steps=8)
+    block = eng.family.block_size
+    config = (SamplingConfig(gen_length=8, block_length=4, steps=8) if block is None else
+              SamplingConfig(gen_length=2 * block + 3, steps=2, stop_at_eos=False))
     whole = eng.generate(PROMPTS, 1, config)
     first = eng.generate(PROMPTS, 1, config, to_step=3)
     assert torch.equal(first.completion_ids != eng.family.mask_id, (whole.step_map >= 0) & (whole.step_map < 3))
+    assert (first.completion_ids == eng.family.mask_id).any()
     rest = eng.generate(PROMPTS, 1, config, canvas=first.completion_ids, from_step=3)
     assert torch.equal(rest.completion_ids, whole.completion_ids)
     assert torch.equal(rest.step_map[first.step_map < 0], whole.step_map[first.step_map < 0])
     assert torch.equal(rest.completion_mask, whole.completion_mask) and rest.texts == whole.texts
     with pytest.raises(ValueError, match="from_step"):
-        eng.generate(PROMPTS, 1, config, to_step=9)
-    with pytest.raises(ValueError, match="resuming from a partial canvas"):
-        engine("sdar").generate(PROMPTS, 1, SamplingConfig(gen_length=8), from_step=1)
+        eng.generate(PROMPTS, 1, config, from_step=4, to_step=3)
+    with pytest.raises(ValueError, match="fixed step schedule"):
+        eng.generate(PROMPTS, 1, replace(config, threshold=0.9), from_step=1)
 
 
 # ---------------------------------------------------------------------------------------------- mdpo
@@ -180,13 +193,20 @@ def test_mdpo_vectors_and_step_selection():
     assert select_steps(total, 3).tolist() == [1, 3, 4] and select_steps(total, 9).tolist() == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2"])
 def test_mdpo_step_rewards_from_recorded_predictions(name):
+    """x̂0_s keeps the decoded tokens and fills the masks the step proposed for (masked families: every mask;
+    block families: the current block's, later blocks stay masked); its confidence is the proposal's probability
+    there and 0 elsewhere; the trained positions are the masked ones with a proposal."""
     eng = engine(name)
     fam = eng.family
     algo = get_algorithm("mdpo")(train_steps=3).validate(fam)
-    config = algo.sampling(SamplingConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, cache="prefix"), fam)
-    assert config.record_states and config.cache == "none" and algo.streams == 3
+    length = 8 if fam.block_size != 32 else 40
+    config = algo.sampling(SamplingConfig(gen_length=length, block_length=4 if fam.block_size is None else None,
+                                          steps=8 if fam.block_size is None else 2, temperature=1.0,
+                                          cache="prefix" if fam.block_size is None else None, stop_at_eos=False), fam)
+    assert config.record_states and algo.streams == 3
+    assert config.cache == ("none" if fam.block_size is None else None)
     rollout = eng.generate(PROMPTS, 2, config, seed=1)
     seen = []
 
@@ -196,25 +216,34 @@ def test_mdpo_step_rewards_from_recorded_predictions(name):
 
     batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, reward_of, 0)
     predictions = torch.stack(rollout.predictions, 1)
+    steps = predictions.shape[1]
     (ids, rows), = seen
-    assert torch.equal(ids, predictions.reshape(-1, 8)) and rows == [i for i in range(4) for _ in range(8)]
+    assert torch.equal(ids, predictions.reshape(-1, length)) and rows == [i for i in range(4) for _ in range(steps)]
     befores = [blank(rollout.completion_ids, fam)] + rollout.states[:-1]
-    for s, before in enumerate(befores):  # x0 keeps decoded tokens, fills masks; confidence on masks only
+    grid = (rollout.prompt_mask.sum(-1, keepdim=True) + torch.arange(length)) // (fam.block_size or 10 ** 9)
+    for s, before in enumerate(befores):
         decoded = before != fam.mask_id
-        assert not (predictions[:, s] == fam.mask_id).any()
-        assert torch.equal(predictions[:, s][decoded], before[decoded])
-        committed = rollout.step_map == s
+        proposed = predictions[:, s] != fam.mask_id
+        assert torch.equal(predictions[:, s][decoded], before[decoded]) and (proposed | ~decoded).all()
+        committed = (rollout.states[s] != fam.mask_id) & ~decoded
         assert torch.equal(predictions[:, s][committed], rollout.completion_ids[committed])
+        if fam.block_size is None:
+            assert proposed.all()
+        else:  # exactly the masks of the block being decoded
+            current = torch.stack([grid[r] == grid[r][committed[r]].min() if committed[r].any() else
+                                   torch.zeros(length, dtype=torch.bool) for r in range(4)])
+            assert torch.equal((proposed & ~decoded)[committed.any(-1)], (current & ~decoded)[committed.any(-1)])
         conf = rollout.confidences[s]
-        assert (conf[decoded] == 0).all() and ((conf[~decoded] > 0) & (conf[~decoded] <= 1)).all()
+        new = proposed & ~decoded
+        assert (conf[~new] == 0).all() and ((conf[new] > 0) & (conf[new] <= 1)).all()
     rho = ((predictions % 2 == 0).double().mean(-1))
     adv = step_advantages(step_scores(rho), 2, algo.adv_eps)
     keep = select_steps(adv, 3)
     torch.testing.assert_close(batch["step_advantages"], adv[:, keep])
     assert torch.equal(batch["states"], torch.stack(befores, 1)[:, keep])
-    masked = batch["states"] == fam.mask_id
-    assert torch.equal(batch["train_mask"], masked)
-    torch.testing.assert_close(batch["scale"], 8 / masked.sum(-1).float())
+    masked = (batch["states"] == fam.mask_id) & (batch["targets"] != fam.mask_id)
+    assert torch.equal(batch["train_mask"], masked) and masked.any(-1).all()
+    torch.testing.assert_close(batch["scale"], length / masked.sum(-1).float())
 
 
 def test_mdpo_on_policy_loss_is_the_weighted_advantage_mean():
@@ -249,16 +278,23 @@ def test_dtreerpo_vectors():
     assert sd_schedule(1.0, 3e-3, 2, 2, 0.7)[0] == pytest.approx(3e-3)
 
 
-def test_dtreerpo_tree_structure_values_and_edges():
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_dtreerpo_tree_structure_values_and_edges(name):
     """Every leaf continues its first-level node; tree values and sibling advantages match a hand computation;
-    along a root-to-leaf path the two edges' tokens are disjoint and cover the completion."""
-    eng = engine("llada")
+    along a root-to-leaf path the two edges' tokens are disjoint and cover the completion. Block families branch
+    the block schedule: the first level decodes exactly the first half of the blocks."""
+    eng = engine(name)
     fam = eng.family
     algo = get_algorithm("d-treerpo")(branch=3, loss_mask="all").validate(fam)
-    config = SamplingConfig(gen_length=8, steps=8, temperature=1.0)
+    config = SamplingConfig(gen_length=8, steps=8 if fam.block_size is None else 2, temperature=1.0,
+                            stop_at_eos=False)
     rollout = algo.rollout(eng, PROMPTS, 6, config, seed=0)  # per prompt: 2 first-level nodes x 3 leaves
     first = rollout.records["first_level"]
-    assert first.shape == (4, 8) and ((first != fam.mask_id).sum(-1) == 4).all()  # 4 of 8 one-token steps
+    if fam.block_size is None:
+        assert first.shape == (4, 8) and ((first != fam.mask_id).sum(-1) == 4).all()  # 4 of 8 one-token steps
+    else:  # 2 of the 4 scheduled steps (2 blocks x 2): the first decoded block, which the prompt partly fills
+        p_len = rollout.prompt_mask.sum(-1)[::3, None]  # a first-level node's leaves are consecutive rows
+        assert torch.equal(first != fam.mask_id, (p_len + torch.arange(8)) // 4 == p_len // 4)
     leaves = rollout.completion_ids
     assert not (leaves == fam.mask_id).any()
     parent = first.repeat_interleave(3, 0)
@@ -281,12 +317,14 @@ def test_dtreerpo_tree_structure_values_and_edges():
     assert not active[0, 2].any()  # the root has 2 children: its third slot is padding
 
 
-def test_dtreerpo_prompt_padding_is_invisible():
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_dtreerpo_prompt_padding_is_invisible(name):
     """Finding 10: a tree row of the shorter (left-padded) prompt scores exactly as without any padding."""
-    eng = engine("llada")
+    eng = engine(name)
     fam = eng.family
     algo = get_algorithm("d-treerpo")(branch=2).validate(fam)
-    rollout = algo.rollout(eng, PROMPTS, 2, SamplingConfig(gen_length=8, steps=8, temperature=1.0), seed=0)
+    steps = 8 if fam.block_size is None else 2
+    rollout = algo.rollout(eng, PROMPTS, 2, SamplingConfig(gen_length=8, steps=steps, temperature=1.0), seed=0)
     batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, None, 0)
     assert (batch["prompt_mask"][:2] == 0).any()  # "hi" is the shorter prompt: left-padded
     alone = {k: v[:2] for k, v in batch.items()}

@@ -49,4 +49,6 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2")) -> str:
         cells = ["yes" if algo.families is None or f in algo.families else "—" for f in families]
         estimator = type(algo.estimator()).__name__
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {estimator} | {algo.advantage} | {algo.loss_mask} |")
-    return "\n".join(rows) + "\n"
+    reasons = [f"- {name} —: {ALGORITHMS[name].why_not}" for name in known()
+               if ALGORITHMS[name].families is not None and set(families) - set(ALGORITHMS[name].families)]
+    return "\n".join(rows + ([""] + reasons if reasons else [])) + "\n"

@@ -8,7 +8,10 @@ parent, decoded in the child, up to the child's first stop) are scored from the 
 and since siblings share the parent, one forward per parent scores all its edges. Loss per edge: token mean of
 the clipped surrogate (+ beta k3), averaged over edges; plus self-distillation of the parent's prediction toward
 the tokens its better-than-average children chose (weights softmax(A / tau_t)), ramped in with training progress.
-Prompt padding is never attended (the reference attends it in training only, finding 10).
+Prompt padding is never attended (the reference attends it in training only, finding 10). Block families: the
+tree splits the block schedule (block k owns steps k*S..), and an edge's tokens are scored with the parent as the
+noisy copy and the child as the clean one (``[x_t ‖ x_0]``: a block is predicted from the finished blocks before
+it, as the sampler's block cache did).
 """
 
 import math
@@ -17,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..likelihood import EdgeTransition
-from ..sampling import step_budget
+from ..sampling import schedule_length
 from ..sampling.primitives import after_first
 from . import register
 from .base import Algorithm
@@ -73,9 +76,6 @@ class DTreeRPO(Algorithm):
     advantage: str = "tree"  # sibling leave-one-out of tree values, no std
     loss_mask: str = "upto_first_eos"  # an edge's tokens up to the child's first stop token
 
-    families = ("llada", "dream")
-    why_not = ("its tree search resumes the masked-diffusion sampler from a partially decoded canvas; the "
-               "block-diffusion sampler has no resume")
     own_advantages = ("tree",)
 
     def validate(self, family):
@@ -87,7 +87,7 @@ class DTreeRPO(Algorithm):
         if n % self.branch:
             raise ValueError(f"num_generations ({n}) must be a multiple of branch ({self.branch}): each prompt's tree "
                              f"has num_generations leaves")
-        total = step_budget(config, engine.family)
+        total = schedule_length(config, engine.family)
         middle = round(total * self.split)
         if not 0 < middle < total:
             raise ValueError(f"split={self.split} of {total} steps leaves an empty tree level")

@@ -1,13 +1,15 @@
 """EBPO (ELBO-based Block-level Policy Optimization, LLaDA2.1 report arXiv 2602.08676; algorithms.md §3.8).
 
 A sequence-level ratio of the composite block ELBO: ``samples`` rows per sequence, every block of the completion
-(on the global block grid) masked at its own stratified level with at least one target, all blocks scored in one
-``[x_t ‖ x_0]`` forward. Clipped in the log domain (no overflow), no dual clip, a mean over sequences. Block
-families only: the per-block terms form an ELBO of the sequence only when a block sees just the blocks before it.
+masked at its own stratified level with at least one target. Clipped in the log domain (no overflow), no dual clip,
+a mean over sequences. The per-block terms bound ``log p(block | earlier blocks)``, so their sum is an ELBO of the
+sequence wherever the sampler decodes blocks left to right: block families (global grid, all blocks in one
+``[x_t ‖ x_0]`` forward) and masked families with semi-autoregressive blocks (the rollout's ``block_length``; block b
+is scored with later blocks fully masked, as the sampler saw it: one forward per block; one block = the plain
+sequence ELBO).
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..likelihood import BlockElbo
 from . import register
@@ -23,12 +25,12 @@ class EBPO(SequenceLevel):
     samples: int = 16  # MC rows of the composite ELBO
     loss_mask: str = "all"
 
-    families: ClassVar[tuple[str, ...]] = ("sdar", "sdar_moe", "llada2")
-    why_not: ClassVar[str] = "the composite block ELBO needs block-causal attention; masked-diffusion families " \
-                             "attend to later blocks"
+    def sampling(self, config, family):
+        self._block = config.block_length or config.gen_length  # masked families: the semi-AR blocks
+        return config
 
     def estimator(self):
-        return BlockElbo(self.samples)
+        return BlockElbo(self.samples, getattr(self, "_block", None))
 
     def sequence_loss(self, value, old, ref, batch):
         loss, engaged = log_clipped_loss(value - old, batch["advantages"], self.eps_low, self.eps_high)

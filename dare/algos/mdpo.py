@@ -6,8 +6,10 @@ probability c_s of each proposal. Step rewards ρ_s = reward(x̂0_s); score q_s 
 d_s = ρ_s - ρ_{s-1} + 1 and f_s the mean of the later rewards (f_{S-1} = ρ_{S-1}); advantages are normalised per
 step across the prompt's completions; the K steps with the largest total |advantage| are trained, one step per
 backward: ``-min(r A, clip(r) A) λ_s c`` on the positions masked at that step, ``λ_s = R / #masked``, token mean
-over the batch (one optimiser step per rollout, the paper's accumulation over the K steps). Masked families only:
-a block-diffusion model never predicts past its current block, so there is no whole-answer x̂0 to reward.
+over the batch (one optimiser step per rollout, the paper's accumulation over the K steps). Block families: a
+step predicts only its current block, so x̂0_s is the decoded blocks, the current block completed by the step's
+proposals and masks after it (the reward sees the answer so far); the trained positions are those the step
+proposed for, scored through ``[x_t ‖ x_0]`` like the sampler's block cache.
 """
 
 from dataclasses import dataclass, replace
@@ -15,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..likelihood import StepPrediction
-from ..sampling import step_budget
+from ..sampling import schedule_length
 from . import register
 from .base import Algorithm
 from .core import clipped_token_loss, kl_estimate
@@ -59,8 +61,6 @@ class MDPO(Algorithm):
     dual_clip: float | None = None  # plain PPO clip (the paper has no dual clip)
     kl: str = "k2"  # the paper's (ℓ_ref - ℓ)² / 2, with beta (paper 0)
 
-    families = ("llada", "dream")
-    why_not = "a block-diffusion model never predicts past its current block: no intermediate whole-answer x0 to reward"
     own_advantages = ("step",)
 
     def validate(self, family):
@@ -72,8 +72,9 @@ class MDPO(Algorithm):
         if config.threshold is not None or config.factor is not None:
             raise ValueError("mdpo trains a fixed number of steps per rollout: use a step schedule, not "
                              "threshold/factor decoding")
-        config = replace(config, record_states=True, cache="none")
-        self._steps = step_budget(config, family)
+        # the Fast-dLLM prefix/dual caches compute only the current block's logits: no whole-canvas prediction
+        config = replace(config, record_states=True, cache="none" if config.cache in ("prefix", "dual") else config.cache)
+        self._steps = schedule_length(config, family)
         return config
 
     @property
@@ -94,9 +95,13 @@ class MDPO(Algorithm):
         rho = reward_of(predictions.reshape(n * steps, length), [i for i in range(n) for _ in range(steps)])
         adv = step_advantages(step_scores(rho.view(n, steps)), group_size, self.adv_eps)
         keep = select_steps(adv, self.streams)
+        missing = self.streams - len(keep)  # a decoding that took fewer steps: repeat the last one, train nothing
+        keep = torch.cat([keep, keep[-1:].repeat(missing)])
         blank = torch.full_like(rollout.completion_ids, family.mask_id)
         states = torch.stack([blank] + rollout.states[:-1], 1)[:, keep]
-        masked = (states == family.mask_id) & batch["loss_mask"].bool()[:, None]
+        proposed = predictions[:, keep] != family.mask_id  # block families: only the current block has proposals
+        masked = (states == family.mask_id) & proposed & batch["loss_mask"].bool()[:, None]
+        masked[:, len(keep) - missing:] = False
         confidence = torch.stack(rollout.confidences, 1)[:, keep]
         batch.update(states=states, targets=predictions[:, keep], confidence=confidence,
                      step_advantages=adv[:, keep], train_mask=masked,

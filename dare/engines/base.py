@@ -23,7 +23,7 @@ class Rollout:
     states: list[torch.Tensor] = field(default_factory=list)  # with record_states: the canvas after each step
     predictions: list[torch.Tensor] = field(default_factory=list)  # each step's whole-canvas prediction
     confidences: list[torch.Tensor] = field(default_factory=list)  # probability of each predicted token
-    replay_ids: torch.Tensor | None = None  # block families: decoded tokens with the stop token's block complete
+    replay_ids: torch.Tensor | None = None  # block families [N, R + block - 1]: decoded tokens, last and stop blocks whole
     replay_step: torch.Tensor | None = None  # their block-local steps (-1: not decoded)
     records: dict = field(default_factory=dict)  # algorithm-specific rollout records (e.g. a tree's inner nodes)
 

@@ -76,9 +76,13 @@ class HFEngine:
         if canvas is not None:  # a resumed decoding: the canvas's tokens were generated earlier
             generated |= canvas.to(generated.device) != self.family.mask_id
         completion_mask, texts = decode_completions(self.tokenizer, self.family, completion, generated)
-        if len({len(g.states) for _, _, g in parts}) > 1:
-            raise ValueError("record_states with micro-batches that took different step counts: raise "
-                             "max_batch_size so all prompts decode together")
+        most = max(len(g.states) for _, _, g in parts)
+        for _, _, g in parts:  # a micro-batch that finished in fewer steps stays as it ended: no proposals
+            if g.states and len(g.states) < most:
+                extra = most - len(g.states)
+                g.predictions += [g.states[-1]] * extra if g.predictions else []
+                g.confidences += [torch.zeros_like(g.confidences[-1])] * extra if g.confidences else []
+                g.states += [g.states[-1]] * extra
         steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts])]  # noqa: E731
         replay = parts[0][2].replay_ids is not None
         return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,

@@ -13,10 +13,12 @@ from . import masks
 from .tokenizers import TURN_END
 
 # model_type -> (family name, logits shifted by one (prediction for token i read at position i-1),
-#                default transfer schedule, default remasking confidence)
-KNOWN = {"llada": ("llada", False, "linear", "low_confidence"), "Dream": ("dream", True, "dream", "entropy"),
-         "sdar": ("sdar", False, "linear", "low_confidence"), "sdar_moe": ("sdar_moe", False, "linear", "low_confidence"),
-         "llada2_moe": ("llada2", False, "linear", "low_confidence")}
+#                default transfer schedule, default remasking confidence, default threshold rule of the official sampler)
+KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
+         "Dream": ("dream", True, "dream", "entropy", "quota"),
+         "sdar": ("sdar", False, "linear", "low_confidence", "schedule"),
+         "sdar_moe": ("sdar_moe", False, "linear", "low_confidence", "schedule"),
+         "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule")}
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Family:
     vocab_size: int
     schedule: str = "linear"       # default tokens-per-step rule: LLaDA's even split, or Dream's floor(m(1-s/t))
     remasking: str = "low_confidence"  # default confidence (Dream's recommended alg is entropy)
+    threshold_rule: str = "one"    # parallel decoding rule of the official sampler (sampling.primitives.THRESHOLD_RULES)
 
     @property
     def is_block_diffusion(self) -> bool:
@@ -44,7 +47,7 @@ class Family:
         model_type = getattr(config, "model_type", None)
         if model_type not in KNOWN:
             raise ValueError(f"Unknown model family {model_type!r}; known model_type values: {sorted(KNOWN)}")
-        name, shift, schedule, remasking = KNOWN[model_type]
+        name, shift, schedule, remasking, threshold_rule = KNOWN[model_type]
         ids = {k: _first(getattr(config, f"{k}_token_id", None)) for k in ("mask", "eos", "pad", "bos")}
         stop = []
         if tokenizer is not None:
@@ -67,7 +70,7 @@ class Family:
             ids["pad"] = ids["eos"]
         stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
         return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift,
-                   getattr(config, "block_size", None), vocab, schedule, remasking)
+                   getattr(config, "block_size", None), vocab, schedule, remasking, threshold_rule)
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .primitives import CONFIDENCE
+from .primitives import CONFIDENCE, THRESHOLD_RULES
+
+PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
 
 
 @dataclass
@@ -27,21 +29,26 @@ class SamplingConfig:
     schedule: str | None = None  # tokens per step: "linear" (LLaDA even split), "dream" (floor(m*(1-s/t))) or "ascending" (2^j, CJ-GRPO's ASS; default steps log2(block+1)); None = family's
     eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
     alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
-    threshold: float | None = None  # parallel decoding: commit every position with confidence >= threshold
-    threshold_floor: str = "one"  # with threshold: commit at least "one" (Fast-dLLM/SGLang) or the "schedule" count (SDAR dynamic)
+    threshold: float | None = None  # parallel decoding: commit the positions threshold_rule admits (a probability; Dream then uses maskgit_plus)
+    threshold_rule: str | None = None  # "one": all >= threshold, at least one | "schedule": all > threshold if the step's count pass, else the top count | "quota": top (share + carried), first always, rest if >= threshold; None = family's official (LLaDA one, Dream quota, SDAR/LLaDA2 schedule)
     factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
     cache: str | None = None  # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
     editing_threshold: float | None = None  # block families: LLaDA2.1 editing, overwrite decoded tokens above it
     max_post_steps: int = 16  # LLaDA2.1 editing: refinement steps after a block has no masks left
     cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
-    stop_at_eos: bool = True  # block families: stop a sequence once a stop token is generated
+    stop_at_eos: bool = True  # block families: a sequence is finished after the block holding its first stop token (EOS or turn end); tokens after it are padding
     eos_early_rejection: float | None = None  # CJ-GRPO's EOSER: EOS confidence x gamma rising from this to 1 over the steps
     record_states: bool = False  # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and its probability, MDPO)
 
     def resolve(self, family) -> "SamplingConfig":
-        """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence)."""
-        return replace(self, schedule=self.schedule or family.schedule, remasking=self.remasking or family.remasking)
+        """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence; with a
+        threshold the confidence must be a probability: Dream's official confidence_threshold uses maskgit_plus)."""
+        remasking = self.remasking or family.remasking
+        if self.threshold is not None and not self.remasking and remasking not in PROBABILITIES:
+            remasking = "maskgit_plus"
+        return replace(self, schedule=self.schedule or family.schedule, remasking=remasking,
+                       threshold_rule=self.threshold_rule or family.threshold_rule)
 
     def validate(self):
         known = sorted([*CONFIDENCE, "origin"])
@@ -57,8 +64,8 @@ class SamplingConfig:
                                  f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
         if self.cache not in (None, "none", "prefix", "dual", "block"):
             raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
-        if self.threshold_floor not in ("one", "schedule"):
-            raise ValueError(f"threshold_floor must be 'one' or 'schedule', got {self.threshold_floor!r}")
+        if self.threshold_rule not in THRESHOLD_RULES:
+            raise ValueError(f"Unknown threshold_rule {self.threshold_rule!r}; known: {sorted(THRESHOLD_RULES)}")
         if self.gen_length <= 0:
             raise ValueError(f"gen_length must be positive, got {self.gen_length}")
         if self.temperature < 0:
@@ -91,15 +98,27 @@ def step_budget(config: SamplingConfig, family) -> int:
     return config.gen_length
 
 
+def schedule_length(config: SamplingConfig, family) -> int:
+    """Scheduled steps of a fixed-schedule decoding of ``gen_length`` tokens, the numbering ``from_step``/``to_step``
+    use: masked families' total steps; block families' steps per block times the blocks ``gen_length`` fills (a
+    prompt that ends inside a block can add one more block at the end)."""
+    if config.threshold is not None or config.factor is not None:
+        raise ValueError("a threshold/factor decoding has no fixed step schedule")
+    per = step_budget(config, family)
+    return per * -(-config.gen_length // family.block_size) if family.is_block_diffusion else per
+
+
 @dataclass
 class Generation:
     """``sequences`` holds the generated region only ``[N, gen_length]``. ``step_map`` is the global step at which
-    each token was fixed and ``block_step`` the step inside its block (-1: never generated, e.g. after an early
-    stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded;
+    each token was fixed (block families: the k-th decoded block owns steps ``k * S ..``, S = steps per block, or the
+    block size with a threshold) and ``block_step`` the step inside its block (-1: never generated, e.g. after an
+    early stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded;
     ``predictions[k]``/``confidences[k]`` the whole-canvas proposal of step k (decoded tokens kept) and the
-    probability of each proposed token (0 where already decoded; masked families). ``replay_ids``/``replay_step``
-    (block families that stopped early): the decoded tokens with the stop block complete (the tokens after the
-    stop token in its block were decoded and seen by later steps of that block) and their block steps."""
+    probability of each proposed token (0 where not proposed; block families propose for the current block only).
+    ``replay_ids``/``replay_step`` (block families, ``[N, gen_length + block - 1]``): every decoded token from the
+    first generated position with their block steps, the whole last block and the whole block of the stop token
+    included (those tokens were decoded and seen by the other tokens of their block), padding / -1 after."""
 
     sequences: torch.Tensor
     step_map: torch.Tensor
@@ -119,9 +138,9 @@ class Generation:
 def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
              config: SamplingConfig | None = None, generator: torch.Generator | None = None,
              canvas: torch.Tensor | None = None, from_step: int = 0, to_step: int | None = None) -> Generation:
-    """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler. Masked families can
-    resume a partial decoding: ``canvas`` is the generated region so far (masks where undecoded) and only the
-    scheduled steps ``from_step .. to_step - 1`` run (tree rollouts)."""
+    """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler. A decoding with a
+    fixed schedule can be resumed: ``canvas`` is the generated region so far (masks where undecoded) and only the
+    scheduled steps ``from_step .. to_step - 1`` run (tree rollouts; ``schedule_length`` counts the steps)."""
     from .block import generate_block
     from .masked import generate_masked
     config = (config or SamplingConfig()).resolve(family).validate()
@@ -131,15 +150,13 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
         raise ValueError("Prompts must be left-padded (padding before the prompt, generation follows it); got "
                          "right padding. With apply_chat_template pass tokenizer_kwargs={'padding_side': 'left'}.")
     with torch.no_grad():
-        if family.is_block_diffusion:
-            if canvas is not None or from_step or to_step is not None:
-                raise ValueError(f"{family.name}: resuming from a partial canvas is implemented for masked-diffusion "
-                                 "families only")
-            return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator)
         if canvas is not None and canvas.shape != (prompt_ids.shape[0], config.gen_length):
             raise ValueError(f"canvas must be [{prompt_ids.shape[0]}, {config.gen_length}], got {tuple(canvas.shape)}")
+        if family.is_block_diffusion:
+            return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas,
+                                  from_step, to_step)
         return generate_masked(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas, from_step,
                                to_step)
 
 
-__all__ = ["Generation", "SamplingConfig", "generate", "step_budget"]
+__all__ = ["Generation", "SamplingConfig", "generate", "schedule_length", "step_budget"]

@@ -1,8 +1,11 @@
 """Masked-diffusion decoding (LLaDA, Dream): semi-autoregressive blocks over a fixed-length canvas of masks.
 
 Per block, each step proposes a token for every masked position and commits some of them: the scheduled count
-(LLaDA's even split, or Dream's ``floor(m (1 - s/t))``) of the most confident, or every position above a
-confidence threshold (Fast-dLLM parallel decoding). Fast-dLLM caches: "prefix" keeps the K/V of everything before
+(LLaDA's even split, or Dream's ``floor(m (1 - s/t))``) of the most confident, or those a confidence threshold admits
+(Fast-dLLM parallel decoding; ``threshold_rule``: LLaDA's "one" commits every position above it, Dream's "quota"
+at most the step's even share plus the shortfall carried from earlier steps, going on past the last step until the
+block is done; where the steps do not divide the block, the remainder goes to the first steps; the official
+asserts divisibility). Fast-dLLM caches: "prefix" keeps the K/V of everything before
 the block from the block's first (full) pass; "dual" keeps the whole canvas and overwrites the block's rows in
 place. Both refresh at every block and are approximations for bidirectional models (stale K/V).
 """
@@ -80,6 +83,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
         schedule = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(masked.sum(-1),
                                                                                            per_block - j0)
         times = torch.linspace(1, cfg.eps, per_block + 1).tolist()
+        quota = cfg.threshold is not None and cfg.threshold_rule == "quota"
+        even, carry = linear_schedule(masked.sum(-1), per_block - j0), torch.zeros_like(masked[:, 0], dtype=torch.long)
         cache, j = None, j0
         while masked.any() and (dynamic or j < per_block) and step < to_step:
             first = start - shift  # first position fed after the block's full pass (one earlier for Dream)
@@ -104,6 +109,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
             out.nfe += 1
 
             n = _count(cfg, schedule, masked, times, j, j0, per_block, dynamic, generator)
+            if quota:  # Dream/Fast-dLLM: this step's even share plus the shortfall carried from earlier steps
+                n = ((even[:, j - j0] if j < per_block else 0) + carry).clamp(min=1)
             scale = eos_factor(cfg.eos_early_rejection, step, steps)
             if predict_all:  # propose for every masked position of the canvas, commit inside the block
                 region = x[:, p_len:] == mask_id
@@ -117,6 +124,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
                 x0, chosen = x0[:, start - p_len:end - p_len], chosen[:, start - p_len:end - p_len]
             else:
                 x0, chosen, _ = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id, scale)
+            if quota:
+                carry = n - chosen.sum(-1)
             x[:, start:end][chosen] = x0[chosen]
             step_map[:, start - p_len:end - p_len][chosen] = step
             block_step[:, start - p_len:end - p_len][chosen] = j

@@ -157,18 +157,31 @@ def factor_rule(conf: torch.Tensor, factor: float) -> torch.Tensor:
     return top_n(conf, count)
 
 
+THRESHOLD_RULES = {
+    "one": "every position with confidence >= threshold, at least the most confident (Fast-dLLM LLaDA, SGLang)",
+    "schedule": "every position with confidence > threshold if at least the step's scheduled count pass, else the "
+                "top scheduled count (SDAR low_confidence_dynamic, LLaDA2 generate)",
+    "quota": "the top (scheduled + carried) candidates: the first always, the rest if >= threshold; the shortfall "
+             "carries to the next step (Dream/Fast-dLLM confidence_threshold)",
+}
+
+
 def select(conf: torch.Tensor, n: torch.Tensor, config, generator=None) -> torch.Tensor:
-    """Positions to commit this step. ``conf`` is -inf where nothing may be committed; ``n`` is the scheduled count.
-    threshold: all above it, plus the top-1 (floor "one") or, if fewer than ``n`` pass, the top-``n`` (floor
-    "schedule", SDAR/LLaDA2 dynamic decoding); factor: Fast-dLLM's dynamic rule; else the top-``n`` (or ``n``
-    positions drawn from softmax(conf / alg_temp))."""
+    """Positions to commit this step. ``conf`` is -inf where nothing may be committed; ``n`` is the scheduled count
+    (for the "quota" rule: the step's quota plus the carried shortfall). threshold: ``config.threshold_rule`` (see
+    ``THRESHOLD_RULES``); factor: Fast-dLLM's dynamic rule; else the top-``n`` (or ``n`` positions drawn from
+    softmax(conf / alg_temp))."""
     if config.factor is not None:
         return factor_rule(conf, config.factor)
     if config.threshold is not None:
-        above = (conf >= config.threshold) & torch.isfinite(conf)
-        if config.threshold_floor == "one":
-            return above | top_n(conf, torch.ones_like(n))
-        return torch.where((above.sum(-1) >= n)[:, None], above, top_n(conf, n))
+        finite = torch.isfinite(conf)
+        if config.threshold_rule == "schedule":
+            above = (conf > config.threshold) & finite
+            return torch.where((above.sum(-1) >= n)[:, None], above, top_n(conf, n))
+        first = top_n(conf, torch.ones_like(n))
+        if config.threshold_rule == "quota":
+            return first | (top_n(conf, n) & (conf >= config.threshold))
+        return first | ((conf >= config.threshold) & finite)
     if config.alg_temp:
         return sample_n(conf, n, config.alg_temp, generator)
     return top_n(conf, n)
