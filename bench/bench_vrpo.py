@@ -3,6 +3,13 @@ on the held-out questions before / after, seconds per optimiser step and model f
 
     python bench/bench_vrpo.py                                  # tiny LLaDA SFT'd 600 steps, 3 variants, ~5 min
     python bench/bench_vrpo.py --sft-steps 0 --steps 40         # from the random tiny model
+    python bench/bench_vrpo.py --memory                         # peak memory of one step vs K, streamed or not
+
+``--memory``: one VRPO step (policy + reference ELBOs, loss, backward) of 4 pairs of 256-token responses on a
+~35M-parameter LLaDA and SDAR, K = 2, 4, 8, 16, with the draws streamed (each recomputed in backward) or in one
+graph. Columns: activations kept for backward after the forward (bytes autograd saved, read with saved-tensor
+hooks: freed memory cannot count) and the child process's resident-memory high-water mark (VmHWM) above its level
+before the step, and seconds per step.
 
 Setup: the tiny model is SFT'd on generated single-digit sums, then trained with
 ``train_rl.py --algo vrpo`` on ``task:addition`` pairs (chosen: the right sum, rejected: another number in 0..99;
@@ -23,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from _common import in_child
+from _common import in_child, rss_kib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_rl  # noqa: E402
@@ -104,13 +111,60 @@ def vrpo(model, knobs, steps, lr, queue):
                    forwards=counter["rows"] / (16 * steps)))
 
 
+MEMORY_MODELS = {"llada": dict(d_model=512, n_heads=8, n_kv_heads=8, n_layers=8, mlp_hidden_size=2048),
+                 "sdar": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+                              num_key_value_heads=8, head_dim=64)}
+
+
+def memory_step(family, samples, stream, queue):
+    from dare.algos import get_algorithm
+    from dare.data.preference import PreferenceCollator
+    from dare.models import tiny
+    model, tok = tiny(family, **MEMORY_MODELS[family])
+    fam = Family.from_pretrained(model.config, tok)
+    config = PreferenceDataConfig(max_response_length=256)
+    pairs = [{"prompt": "Write a story.", "chosen": "once upon a time " * 60, "rejected": "the end " * 120}] * 4
+    batch = PreferenceCollator(tok, fam, config)(pairs)
+    vrpo = get_algorithm("vrpo")(samples=samples, stream=stream).validate(fam)
+    noise = vrpo.corrupt(fam, batch, [torch.Generator().manual_seed(i) for i in range(8)])
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.no_grad():
+        reference = vrpo.elbo(model, fam, batch, noise)
+    base, start = rss_kib("VmRSS"), time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        policy = vrpo.elbo(model, fam, batch, noise)
+    vrpo.loss(policy, reference)[0].mean().backward()
+    queue.put({"saved": saved[0] / 2 ** 20, "peak": (rss_kib("VmHWM") - base) / 1024,
+               "seconds": time.perf_counter() - start,
+               "params": sum(p.numel() for p in model.parameters()) / 1e6})
+
+
+def memory_table():
+    print("| family | params | K | streamed | activations kept (MiB) | RSS peak above start (MiB) | s / step |")
+    print("|---|---|---|---|---|---|---|")
+    for family in MEMORY_MODELS:
+        for samples in (2, 4, 8, 16):
+            for stream in (True, False):
+                r = in_child(memory_step, family, samples, stream)
+                print(f"| {family} | {r['params']:.0f}M | {samples} | {'yes' if stream else 'no'} | {r['saved']:.1f} | "
+                      f"{r['peak']:.0f} | {r['seconds']:.2f} |", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sft-steps", type=int, default=600)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--memory", action="store_true", help="only the peak-memory-vs-K table (streamed or not)")
     args = p.parse_args()
+    if args.memory:
+        return memory_table()
     with tempfile.TemporaryDirectory() as tmp:
         model = in_child(sft, f"{tmp}/sft", args.sft_steps) if args.sft_steps else "tiny:llada"
         start = in_child(baseline, model)

@@ -226,3 +226,20 @@ def test_masked_families_decode_the_whole_canvas_and_the_answer_ends_at_the_firs
     mask, texts = decode_completions(tok, fam, out.sequences)
     assert mask[0].tolist() == [1] * (stop_at + 1) + [0] * (8 - stop_at - 1)
     assert texts[0] == tok.decode(out.sequences[0, :stop_at], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("name", ["llada", "sdar", "llada2"])
+def test_quota_rule_on_other_families(name):
+    """The quota rule as an option elsewhere: a threshold every candidate passes commits exactly each step's share
+    (the static schedule, same tokens and steps); one nothing passes commits one token a step."""
+    model, _, fam = load(name)
+    prompt = torch.randint(20, 200, (1, 6), generator=torch.Generator().manual_seed(4))
+    length = 8 if fam.block_size != 32 else 40
+    common = dict(gen_length=length, steps=4, stop_at_eos=False, cache="none")
+    static = generate(model, fam, prompt, None, SamplingConfig(**common))
+    everything = generate(model, fam, prompt, None, SamplingConfig(threshold=0.0, threshold_rule="quota", **common))
+    assert torch.equal(everything.sequences, static.sequences) and everything.nfe == static.nfe
+    assert torch.equal(everything.block_step, static.block_step)
+    nothing = generate(model, fam, prompt, None, SamplingConfig(threshold=1.01, threshold_rule="quota", **common))
+    decoded = length if fam.block_size is None else int((nothing.replay_step >= 0).sum())
+    assert nothing.nfe == decoded  # one a step, the carry drains past each block's scheduled steps

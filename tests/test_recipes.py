@@ -102,3 +102,67 @@ def test_paper_profiles_inherit_their_base_recipe():
         assert {k: v for k, v in paper["algo_config"].items() if k not in ("num_iterations", "eps_low", "eps_high",
                 "beta", "kl", "dual_clip", "advantage")} == {k: v for k, v in base["algo_config"].items() if k not in (
                 "num_iterations", "eps_low", "eps_high", "beta", "kl", "dual_clip", "advantage")}
+
+
+def shared_data():
+    if not (ROOT.parent / "shared").is_dir():
+        pytest.skip("../shared is absent: the recipes' real data is not here")
+
+
+@pytest.mark.parametrize("path", [p for p in RL_RECIPES if p.stem.endswith(("_math", "_math_paper"))],
+                         ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
+    """Each shipped RL recipe starts on its real data section (every file loaded whole through the loaders the
+    recipe uses, rows its reward cannot score dropped and reported) and trains on one rollout: a tiny model of its
+    family, eight prompts, short completions (a masked family's semi-AR blocks and step counts shrink to fit), one
+    pass (its mini-batches are the optimiser steps)."""
+    from test_train_rl import set_fields
+    shared_data()
+    algo = peek("algo", ["--config", str(path)])
+    args = parse(train_rl.args_class(algo), ["--config", str(path)])
+    family = path.parent.name
+    args = set_fields(args, model=f"tiny:{family}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
+                      prompts_per_step=2, num_generations=4, micro_batch_size=2, bf16=False, report_to="none",
+                      log_completions=0, data__limit=8, data__eval_limit=4, rollout__gen_length=8,
+                      validation__gen_length=8)
+    if family in ("llada", "dream"):
+        for section in (args.rollout, args.validation):
+            section.block_length = section.steps = None
+    args.algo_config.num_iterations = 1  # one rollout: its mini-batches are the steps
+    args.max_steps = args.save_steps = args.algo_config.cycle
+    train_rl.main(args)
+    assert (tmp_path / f"checkpoint-{args.max_steps}").is_dir()
+    if "math_1.parquet" in args.data.path:
+        assert "math_1.parquet: dropped 4 of 7474 rows the reward cannot score: 4 no ground truth (rows 886, 1009, " \
+               "5328, 5330)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_sft_recipe_runs_a_step_on_its_own_data(path, tmp_path):
+    from test_train_rl import set_fields
+    shared_data()
+    args = parse(train_sft.Args, ["--config", str(path)])
+    args = set_fields(args, model=f"tiny:{path.parent.name}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
+                      bf16=False, report_to="none", per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                      data__limit=8)
+    train_sft.main(args)
+    assert (tmp_path / "checkpoint-1").is_dir()
+
+
+def test_every_shared_data_file_loads_through_the_recipes_loaders():
+    """Every RL file (prompt rows for the rewards: unscorable rows dropped and counted) and every SFT file (tokenized
+    in full with a tiny tokenizer) of ../shared/data loads; MATH train keeps 7,470 of its 7,474 rows."""
+    from dare.data.rl import RLDataConfig, prompt_rows
+    from dare.data.sft import SFTDataConfig, tokenize_dataset
+    from dare.data.loading import load_rows
+    shared_data()
+    data = ROOT.parent / "shared" / "data"
+    sizes = {p.relative_to(data).as_posix(): len(prompt_rows(str(p), "train", RLDataConfig()))
+             for p in sorted((data / "rl").rglob("*.parquet"))}
+    assert len(sizes) >= 13 and all(sizes.values()) and sizes["rl/train/math_1.parquet"] == 7470
+    model, tokenizer = tiny("llada")
+    family = Family.from_pretrained(model.config, tokenizer)
+    for p in sorted((data / "sft").rglob("*.parquet")):
+        rows = load_rows(str(p))
+        config = SFTDataConfig(path=str(p), max_length=8192)  # the tiny tokenizer splits finer than the real ones
+        assert len(tokenize_dataset(rows, tokenizer, family, config)) == len(rows) > 1000

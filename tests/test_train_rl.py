@@ -164,8 +164,8 @@ def test_clear_errors_for_bad_input(data, tmp_path):
     rows[3]["reward_model"]["ground_truth"] = ""
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match=r"row 3: no ground truth in column 'reward_model.ground_truth'"):
-        train_rl.main(rl_args((str(bad), None), tmp_path))
+    with pytest.raises(ValueError, match=r"row 3: no ground truth \(column 'reward_model.ground_truth'\)"):
+        train_rl.main(rl_args((str(bad), None), tmp_path, data__strict=True))
     with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
         train_rl.main(rl_args(data, tmp_path, micro_batch_size=3))
     with pytest.raises(ValueError, match="must be a multiple of num_iterations"):
@@ -174,6 +174,29 @@ def test_clear_errors_for_bad_input(data, tmp_path):
         train_rl.main(rl_args(data, tmp_path, data__prompt_key="question"))
     with pytest.raises(ValueError, match="no prompt fits data.max_prompt_length=5"):
         train_rl.main(rl_args(data, tmp_path, data__max_prompt_length=5))
+
+
+def test_unscorable_rows_are_dropped_with_their_count_and_reason(data, tmp_path, capsys):  # noqa: F811
+    """Rows no reward can score (an empty or missing answer; code tests that do not parse or have no known format)
+    are dropped at load with a count per file and reason, not silently and not fatally; data.strict refuses them."""
+    from dare.data.rl import RLDataConfig, prompt_rows
+    rows = [json.loads(line) for line in Path(data[0]).read_text().splitlines()][:6]
+    rows[1]["reward_model"]["ground_truth"] = None
+    rows[2]["reward_model"]["ground_truth"] = "  "
+    code = {"prompt": [{"role": "user", "content": "def add(a, b):\n    \"\"\"Add.\"\"\""}], "data_source": "humaneval",
+            "extra_info": {"task": "code"}}
+    rows += [{**code, "reward_model": {"ground_truth": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}},
+             {**code, "reward_model": {"ground_truth": "def check(candidate):\n    assert candidate(1, 2 == 3\n"}},
+             {**code, "reward_model": {"ground_truth": "print('no tests here')"}}]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = prompt_rows(str(mixed), "train", RLDataConfig())
+    assert len(kept) == 5 and kept[-1]["data_source"] == "humaneval"
+    assert capsys.readouterr().out == (
+        f"{mixed}: dropped 4 of 9 rows the reward cannot score: 2 no ground truth (rows 1, 2); 1 tests do not parse "
+        "('(' was never closed) (rows 7); 1 tests of no known format (rows 8)\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl, row 1: no ground truth"):
+        prompt_rows(str(mixed), "train", RLDataConfig(strict=True))
 
 
 def test_mini_batches_split_a_rollout_into_optimiser_steps(data, tmp_path):  # noqa: F811

@@ -139,6 +139,42 @@ def test_policy_and_reference_see_identical_masks(family, monkeypatch, tmp_path)
     assert len({int((ids == mask_id).sum()) for ids in policy}) > 1  # the draws differ from each other
 
 
+def saved_bytes(fn):
+    """Bytes of the tensors autograd keeps for backward while ``fn()`` runs (what grows with the graph)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total[0]
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_streamed_draws_give_the_same_gradient_and_keep_no_graph_per_draw(family):
+    """stream=True: each draw is recomputed in backward, so the graph kept after the forward does not grow with K
+    (it grows linearly without streaming); the loss and the gradient are those of the unstreamed ELBO."""
+    kept = {}
+    for samples in (2, 8):
+        grads = {}
+        for stream in (False, True):
+            model, fam, batch, vrpo = setup(family, samples=samples, stream=stream)
+            noise = draw(vrpo, fam, batch)
+            with torch.no_grad():
+                reference = vrpo.elbo(perturbed(model), fam, batch, noise)
+            policy, kept[samples, stream] = saved_bytes(lambda: vrpo.elbo(model, fam, batch, noise))
+            losses, _ = vrpo.loss(policy, reference)
+            losses.mean().backward()
+            grads[stream] = (losses.detach(), [p.grad.clone() for p in model.parameters()])
+        torch.testing.assert_close(grads[True][0], grads[False][0], atol=1e-12, rtol=0)
+        for a, b in zip(grads[True][1], grads[False][1], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    assert kept[8, False] > 3.5 * kept[2, False]  # unstreamed: one graph per draw
+    assert kept[8, True] == kept[2, True] < kept[2, False] / 10  # streamed: flat, and tiny
+
+
 def test_stratified_counts_cover_one_to_l():
     """K counts per response, one mask each: all in [1, L], cyclic gaps floor(L/K) or ceil(L/K), p = x / L, the
     masks inside the valid response, chosen and rejected drawn independently."""

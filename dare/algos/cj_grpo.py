@@ -6,9 +6,10 @@ learner's transitions are the sampler's ("consistency"). One forward per step, s
 time). Masked families replay global steps (state = prompt + tokens of earlier steps); block families replay
 block-local step j in every block at once through the ``[x_t ‖ x_0]`` layout (block b's noisy copy shows its
 tokens of local steps < j, the clean copy gives the finished earlier blocks, as the block cache did), and keep
-the whole block of the stop token (its tokens after the stop were decoded and seen). Never mixing the two step
-numberings is what the reference gets wrong (spec finding 1). The paper's EOS early rejection and ascending step
-sizes are sampler options: ``--rollout.eos-early-rejection 0.01 --rollout.schedule ascending``.
+the whole block of the stop token and the whole last block (their tokens past the stop or past gen_length were
+decoded and seen). Never mixing the two step numberings is what the reference gets wrong (spec finding 1). The
+paper's EOS early rejection and ascending step sizes are sampler options: ``--rollout.eos-early-rejection 0.01
+--rollout.schedule ascending``.
 """
 
 from dataclasses import dataclass

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..likelihood import MCElbo
 from . import register
@@ -32,6 +33,7 @@ class VRPO:
     beta: float = 0.2  # DPO beta (DARE 0.2)
     samples: int = 4  # K: masks per response, one per stratified timestep (DARE mc_num 4)
     normalise: str = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)
+    stream: bool = True  # one draw's activations alive at a time (recomputed in backward); False: all K in one graph
 
     name: ClassVar[str] = ""
     families: ClassVar[tuple[str, ...] | None] = None
@@ -69,8 +71,16 @@ class VRPO:
         return {"masks": masks.to(valid.device), "p": p.to(valid.device)}
 
     def elbo(self, model, family, batch: dict, noise: dict) -> torch.Tensor:
-        """``B(y)`` per row ``[N]`` (divided by ``batch["padded_length"]`` under ``normalise="padded_length"``)."""
-        value = self.estimator().score(model, family, batch, noise).logp.mean(-1)
+        """``B(y)`` per row ``[N]`` (divided by ``batch["padded_length"]`` under ``normalise="padded_length"``). With
+        ``stream`` and gradients on, each draw is a checkpointed segment: the forward keeps no activations and the
+        backward recomputes one draw at a time, so memory does not grow with K (one extra forward per draw)."""
+        estimator = self.estimator()
+        if self.stream and torch.is_grad_enabled():
+            draws = [checkpoint(lambda j=j: estimator.score(model, family, batch, noise, draw=j).logp[:, 0],
+                                use_reentrant=False) for j in range(self.samples)]
+            value = torch.stack(draws, -1).mean(-1)
+        else:
+            value = estimator.score(model, family, batch, noise).logp.mean(-1)
         return value / batch["padded_length"].to(value.dtype) if self.normalise == "padded_length" else value
 
     def loss(self, policy: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, dict]:

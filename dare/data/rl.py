@@ -1,13 +1,16 @@
 """RL prompts in the reference parquet schema (``prompt`` chat messages, ``reward_model.ground_truth``,
 ``data_source``, ``extra_info``) or any file / hub dataset whose columns the config names.
 
-Every row becomes ``{"prompt": messages, "ground_truth": str, "data_source": str, "extra_info": dict}``; a row
-without a ground truth is an error that names the row and the column.
+Every row becomes ``{"prompt": messages, "ground_truth": str, "data_source": str, "extra_info": dict}``. A row its
+default reward cannot score (no ground truth; code tests of no known format or that do not parse) is dropped with
+a printed count per file and reason; ``strict`` makes it an error that names the row and the column instead.
 """
+
+from collections import defaultdict
 
 from dataclasses import dataclass
 
-from ..rewards import answer_instruction
+from ..rewards import answer_instruction, unscorable
 from .loading import get_field, load_rows
 from .sft import as_messages
 
@@ -27,6 +30,7 @@ class RLDataConfig:
     answer_instruction: str = "auto"  # auto: ask for the format the row's default reward scores where the prompt does not (\boxed{} for math); none: prompts as they are (the reference's bare questions); other text: appended (after a newline) to every prompt
     limit: int | None = None  # use only the first N training rows
     eval_limit: int | None = None  # use only the first N validation rows
+    strict: bool = False  # refuse a file with a row the reward cannot score (default: drop such rows and say so)
 
 
 def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None = None) -> list[dict]:
@@ -38,7 +42,7 @@ def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None =
 
 
 def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
-    out = []
+    out, dropped = [], defaultdict(list)
     for i, row in enumerate(load_rows(path, split)):
         try:
             truth = get_field(row, config.answer_key)
@@ -46,12 +50,21 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
             source = str(get_field(row, config.source_key)) if config.source_key else "default"
         except (KeyError, ValueError) as e:
             raise ValueError(f"{path}, row {i}: {e}") from None
-        if truth is None or (isinstance(truth, str) and not truth.strip()):
-            raise ValueError(f"{path}, row {i}: no ground truth in column {config.answer_key!r}; every RL prompt "
-                             "needs one for its reward")
-        extra = row.get(config.extra_key) if config.extra_key else None
-        row = {"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra or {}}
+        extra = (row.get(config.extra_key) if config.extra_key else None) or {}
+        why = unscorable(truth, source, {**extra, "prompt": prompt})
+        if why:
+            if config.strict:
+                raise ValueError(f"{path}, row {i}: {why} (column {config.answer_key!r}); the reward cannot score "
+                                 "it (without data.strict such rows are dropped)")
+            dropped[why].append(i)
+            continue
+        row = {"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra}
         out.append(instruct(row, config.answer_instruction))
+    if dropped:
+        reasons = "; ".join(f"{len(rows)} {why} (rows {', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})"
+                            for why, rows in dropped.items())
+        print(f"{path}: dropped {sum(map(len, dropped.values()))} of {len(out) + sum(map(len, dropped.values()))} "
+              f"rows the reward cannot score: {reasons}")
     return out
 
 

@@ -70,6 +70,17 @@ def score_for_source(data_source: str, task: str | None = "math") -> str:
     return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
 
 
+def unscorable(ground_truth, data_source: str, extra_info: dict | None = None) -> str | None:
+    """Why the row's default reward (``score_for_source``) can score no completion of it, or None: an empty
+    ground truth, or code tests of no known format or that do not parse."""
+    if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):
+        return "no ground truth"
+    extra = extra_info or {}
+    if score_for_source(data_source, extra.get("task")) == "code":
+        return code.test_problem(str(ground_truth), extra)
+    return None
+
+
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 

@@ -99,6 +99,18 @@ def harness(code: str, tests: str, extra_info: dict | None = None) -> str | None
     return None
 
 
+def test_problem(tests: str, extra_info: dict) -> str | None:
+    """Why ``tests`` cannot judge any solution (no known format, or the program they make does not parse), or None."""
+    program = harness("pass", tests, extra_info)
+    if program is None:
+        return "tests of no known format"
+    try:
+        ast.parse(program)
+    except SyntaxError as e:
+        return f"tests do not parse ({e.msg})"
+    return None
+
+
 def run_tests(program: str, timeout: float = 10.0):
     """Run ``program`` under the token harness: ``(passed, reason)``; passed only if it ran to its end."""
     token = secrets.token_hex(16)

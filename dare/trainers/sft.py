@@ -14,6 +14,9 @@ class DiffusionSFTTrainer(CompleteCheckpoints, Trainer):
         self.family = family
         self.loss_is_scaled_for_ga = False  # sft_loss is a micro-batch mean: let Trainer divide by accumulation
 
+    def floating_point_ops(self, inputs):
+        return 0  # Trainer would recount the parameters every step for a FLOPs estimate nobody reads
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"],
                                inputs["attention_mask"], return_parts=True)

@@ -1,0 +1,201 @@
+"""The GPU check, one command (about 5 minutes on one H200): for a random ~1B-parameter model of every family, built
+here (no download), one table of bf16 numerics, decoding speed, and SFT / RL step time and peak memory.
+
+    # here, once (the GPU machine has torch and peft but an older transformers, and no network):
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
+    # there (carry .whl):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    python3 bench/gpu_check.py                   # the table, on cuda
+    python bench/gpu_check.py --dry-run          # tiny models on CPU in seconds: what the test suite runs
+
+Rows, per family (bf16 weights and compute unless the row says fp32):
+* ``numerics``: bf16 against fp32 logits on the same weights and 2 x 256 random tokens: max |difference| / std of
+  the fp32 logits, and the fraction of positions whose argmax agrees.
+* ``decode <variant> @ <length>``: tokens/s of 8 prompts x the length, forward calls per token; masked families
+  plain (one token a step) vs dual cache + threshold 0.9, block families no cache vs block cache + threshold 0.9. The
+  LM head is sharpened x8 so that a random model's confidences reach the threshold as a trained model's do.
+* ``sft [lora] [ckpt]``: seconds per optimiser step (AdamW) on 4 x 1024 tokens and peak GPU memory, full or LoRA
+  (r 64 on every linear layer), with or without gradient checkpointing, against the estimate weights + gradients +
+  AdamW states (16 bytes per trained parameter in fp32 master form is the README's rule; bf16 here: 2 + 2 + 4 + 2).
+* ``rl d1``: one d1 step of 8 prompts x 4 completions of 256 tokens: rollout seconds (fastest variant) and the
+  loss + backward seconds, peak memory.
+Peak memory is ``torch.cuda.max_memory_allocated`` after a reset (live tensors only: freed cache cannot count); on
+CPU (dry run) it is not measured.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dare.algos import get_algorithm  # noqa: E402
+from dare.engines import HFEngine  # noqa: E402
+from dare.models import Family, tiny  # noqa: E402
+from dare.objectives import sft_loss  # noqa: E402
+from dare.sampling import SamplingConfig, generate  # noqa: E402
+
+DENSE = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=16,
+             num_key_value_heads=4)
+ONE_B = {
+    "llada": dict(d_model=2048, n_heads=16, n_kv_heads=16, n_layers=16, mlp_hidden_size=5632),
+    "dream": DENSE,
+    "sdar": {**DENSE, "head_dim": 128},
+    "llada2": dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024, num_hidden_layers=16,
+                   num_attention_heads=16, num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=2,
+                   n_group=4, topk_group=2),
+}
+
+
+class Bench:
+    def __init__(self, dry: bool):
+        self.dry = dry
+        self.device = "cpu" if dry else "cuda"
+        self.lengths = (16, 32) if dry else (256, 1024)
+        self.rows = []
+
+    def build(self, family: str, dtype=torch.bfloat16):
+        model, tok = tiny(family, **({} if self.dry else ONE_B[family]))
+        model = model.to(self.device, dtype)
+        return model, tok, Family.from_pretrained(model.config, tok)
+
+    def sync(self):
+        if not self.dry:
+            torch.cuda.synchronize()
+
+    def reset_peak(self):
+        if not self.dry:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_gib(self):
+        return None if self.dry else torch.cuda.max_memory_allocated() / 2 ** 30
+
+    def add(self, family, row, value, unit, peak=None, estimate=None):
+        self.rows.append((family, row, value, unit, peak, estimate))
+        fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"| {family} | {row} | {value:.4g} {unit} | {fmt(peak)} | {fmt(estimate)} |", flush=True)
+
+
+def numerics(b: Bench, family: str):
+    model, tok, fam = b.build(family, torch.float32)
+    ids = torch.randint(20, len(tok), (2, 32 if b.dry else 256), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(b.device)
+    with torch.no_grad():
+        exact = fam.logits(model, ids).float()
+        low = fam.logits(model.to(torch.bfloat16), ids).float()
+    b.add(family, "numerics: max |bf16 - fp32| / std", float((low - exact).abs().max() / exact.std()), "")
+    b.add(family, "numerics: argmax agreement", float((low.argmax(-1) == exact.argmax(-1)).double().mean()), "")
+    params = sum(p.numel() for p in model.parameters())
+    b.add(family, "parameters", params / 1e9, "B", estimate=params * 2 / 2 ** 30)
+    return params
+
+
+def decoding(b: Bench, family: str):
+    model, tok, fam = b.build(family)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    prompts = torch.randint(20, len(tok), (8, 64), generator=torch.Generator().manual_seed(1)).to(b.device)
+    fast = dict(cache="dual", threshold=0.9) if not fam.is_block_diffusion else dict(cache="block", threshold=0.9)
+    plain = dict(cache="none") if fam.is_block_diffusion else {}
+    for length in b.lengths:
+        for name, knobs in (("plain" if not fam.is_block_diffusion else "no cache", plain),
+                            ("dual cache + threshold" if not fam.is_block_diffusion else "block cache + threshold",
+                             fast)):
+            extra = {} if fam.is_block_diffusion else dict(block_length=min(32, length))
+            config = SamplingConfig(gen_length=length, stop_at_eos=False, **extra, **knobs)
+            b.sync()
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = generate(model, fam, prompts, None, config)
+            b.sync()
+            seconds = time.perf_counter() - start
+            b.add(family, f"decode {name} @ {length}", out.sequences.numel() / seconds, "tok/s")
+            b.add(family, f"decode {name} @ {length}: forwards per token", out.nfe / length, "")
+
+
+def sft_steps(b: Bench, family: str, params: int):
+    from dare.models.lora import LoraArgs, apply_lora
+    for lora in (False, True):
+        for ckpt in (False, True):
+            model, tok, fam = b.build(family)
+            if ckpt:
+                model.gradient_checkpointing_enable()
+            model = apply_lora(model, LoraArgs(rank=64 if lora else 0, alpha=128), gradient_checkpointing=ckpt)
+            model.train()
+            trained = [p for p in model.parameters() if p.requires_grad]
+            optimiser = torch.optim.AdamW(trained, lr=1e-5)
+            width = 64 if b.dry else 1024
+            ids = torch.randint(20, len(tok), (4, width), generator=torch.Generator().manual_seed(2)).to(b.device)
+            loss_mask = torch.zeros_like(ids)
+            loss_mask[:, width // 4:] = 1
+            b.reset_peak()
+            times = []
+            for _ in range(1 if b.dry else 3):
+                b.sync()
+                start = time.perf_counter()
+                loss = sft_loss(model, fam, ids, loss_mask, torch.ones_like(ids))
+                loss.backward()
+                optimiser.step()
+                optimiser.zero_grad(set_to_none=True)
+                b.sync()
+                times.append(time.perf_counter() - start)
+            n = sum(p.numel() for p in trained)
+            estimate = (params * 2 + n * (2 + 4 + 2)) / 2 ** 30  # bf16 weights; grads, 2 AdamW states, bf16
+            b.add(family, f"sft{' lora' if lora else ''}{' ckpt' if ckpt else ''}: s / step", min(times), "s",
+                  b.peak_gib(), estimate)
+            del model, optimiser
+
+
+def rl_step(b: Bench, family: str):
+    model, tok, fam = b.build(family)
+    algo = get_algorithm("d1")().validate(fam)
+    engine = HFEngine(model, tok, fam)
+    fast = dict(cache="block", threshold=0.9) if fam.is_block_diffusion else dict(cache="dual", threshold=0.9,
+                                                                                   block_length=32)
+    config = algo.sampling(SamplingConfig(gen_length=16 if b.dry else 256, temperature=1.0, stop_at_eos=False,
+                                          **({} if b.dry and not fam.is_block_diffusion else fast)), fam)
+    prompts = ["What is 12 + 30? Answer with the number."] * 8
+    b.reset_peak()
+    b.sync()
+    start = time.perf_counter()
+    rollout = algo.rollout(engine, prompts, 4, config, 0)
+    b.sync()
+    b.add(family, "rl d1: rollout s (8 x 4 completions)", time.perf_counter() - start, "s")
+    rewards = torch.rand(len(rollout.texts), generator=torch.Generator().manual_seed(3)).to(b.device)
+    batch = algo.make_batch(fam, rollout, rewards, 4, None, 0)
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator(b.device).manual_seed(4))]
+    model.train()
+    start = time.perf_counter()
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    loss.backward()
+    b.sync()
+    b.add(family, "rl d1: loss + backward s", time.perf_counter() - start, "s", b.peak_gib())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="tiny models on CPU, short lengths: checks the script runs")
+    p.add_argument("--families", nargs="+", default=list(ONE_B), choices=list(ONE_B))
+    args = p.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device; use --dry-run on CPU")
+    b = Bench(args.dry_run)
+    started = time.perf_counter()
+    device = "CPU (dry run)" if b.dry else torch.cuda.get_device_name()
+    print(f"DARE GPU check on {device}; torch {torch.__version__}\n")
+    print("| family | measure | value | peak GiB | estimate GiB |\n|---|---|---|---|---|")
+    for family in args.families:
+        params = numerics(b, family)
+        decoding(b, family)
+        sft_steps(b, family, params)
+        rl_step(b, family)
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
+    return b.rows
+
+
+if __name__ == "__main__":
+    main()
