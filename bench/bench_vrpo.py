@@ -123,7 +123,8 @@ def memory_step(family, samples, stream, queue):
     model, tok = tiny(family, **MEMORY_MODELS[family])
     fam = Family.from_pretrained(model.config, tok)
     config = PreferenceDataConfig(max_response_length=256)
-    pairs = [{"prompt": "Write a story.", "chosen": "once upon a time " * 60, "rejected": "the end " * 120}] * 4
+    pairs = [{"prompt": "Write a story.", "chosen": "once upon a time " * 60, "rejected": "the end " * 120, "index": i}
+             for i in range(4)]
     batch = PreferenceCollator(tok, fam, config)(pairs)
     vrpo = get_algorithm("vrpo")(samples=samples, stream=stream).validate(fam)
     noise = vrpo.corrupt(fam, batch, [torch.Generator().manual_seed(i) for i in range(8)])
@@ -150,7 +151,11 @@ def memory_table():
     for family in MEMORY_MODELS:
         for samples in (2, 4, 8, 16):
             for stream in (True, False):
-                r = in_child(memory_step, family, samples, stream)
+                try:
+                    r = in_child(memory_step, family, samples, stream)
+                except SystemExit as e:  # the unstreamed graph can outgrow the machine: report, go on
+                    print(f"| {family} | | {samples} | {'yes' if stream else 'no'} | failed: {e} | | |", flush=True)
+                    continue
                 print(f"| {family} | {r['params']:.0f}M | {samples} | {'yes' if stream else 'no'} | {r['saved']:.1f} | "
                       f"{r['peak']:.0f} | {r['seconds']:.2f} |", flush=True)
 

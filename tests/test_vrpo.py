@@ -129,11 +129,13 @@ def test_policy_and_reference_see_identical_masks(family, monkeypatch, tmp_path)
 
     monkeypatch.setattr(Family, "logits", spy)
     train_rl.main(vrpo_args(tmp_path, model=f"tiny:{family}", max_steps=1, save_steps=1, preference__eval_path=None))
+    # per micro-batch: the reference's K draws, the policy's K draws, then each draw recomputed in backward (stream)
+    assert [grad for grad, _ in calls] == ([False] * 4 + [True] * 8) * 2
+    for m in range(2):
+        reference, policy, again = (calls[12 * m + 4 * k: 12 * m + 4 * k + 4] for k in range(3))
+        assert all(torch.equal(a[1], b[1]) for a, b in zip(policy, reference))
+        assert sorted(int(ids.sum()) for _, ids in again) == sorted(int(ids.sum()) for _, ids in policy)
     policy = [ids for grad, ids in calls if grad]
-    reference = [ids for grad, ids in calls if not grad]
-    assert len(policy) == len(reference) == 4 * 2  # K draws x 2 micro-batches
-    assert [grad for grad, _ in calls] == ([False] * 4 + [True] * 4) * 2  # reference first, then the policy
-    assert all(torch.equal(a, b) for a, b in zip(policy, reference))
     model, tok = tiny(family)
     mask_id = Family.from_pretrained(model.config, tok).mask_id
     assert len({int((ids == mask_id).sum()) for ids in policy}) > 1  # the draws differ from each other
