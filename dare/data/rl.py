@@ -7,7 +7,6 @@ a printed count per file and reason; ``strict`` makes it an error that names the
 """
 
 from collections import defaultdict
-
 from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
@@ -61,10 +60,10 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
         row = {"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra}
         out.append(instruct(row, config.answer_instruction))
     if dropped:
+        count = sum(map(len, dropped.values()))
         reasons = "; ".join(f"{len(rows)} {why} (rows {', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})"
                             for why, rows in dropped.items())
-        print(f"{path}: dropped {sum(map(len, dropped.values()))} of {len(out) + sum(map(len, dropped.values()))} "
-              f"rows the reward cannot score: {reasons}")
+        print(f"{path}: dropped {count} of {len(out) + count} rows the reward cannot score: {reasons}")
     return out
 
 

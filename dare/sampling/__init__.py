@@ -59,7 +59,7 @@ class SamplingConfig:
         if self.eos_early_rejection is not None:
             if not 0 < self.eos_early_rejection <= 1:
                 raise ValueError(f"eos_early_rejection must be in (0, 1], got {self.eos_early_rejection}")
-            if self.remasking not in ("low_confidence", "maskgit_plus", "margin"):
+            if self.remasking not in PROBABILITIES:
                 raise ValueError("eos_early_rejection scales a probability confidence: use remasking "
                                  f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
         if self.cache not in (None, "none", "prefix", "dual", "block"):

@@ -126,14 +126,16 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     seq, steps_taken, blk = (t.gather(1, region) for t in (x, step_map, block_step))
     # the replay view (cj-grpo): every decoded token, the whole last block and the whole block of the stop token
     # included (those tokens were decoded and seen by the other tokens of their block)
-    wide = (gen_start[:, None] + torch.arange(length + block - 1, device=x.device)).clamp(max=total - 1)
-    inside = (gen_start[:, None] + torch.arange(length + block - 1, device=x.device)) < total
+    offsets = torch.arange(length + block - 1, device=x.device)
+    wide = gen_start[:, None] + offsets
+    inside = wide < total
+    wide = wide.clamp(max=total - 1)
     replay_ids, replay_step = x.gather(1, wide), block_step.gather(1, wide)
     if cfg.stop_at_eos:  # everything after the first stop token is padding
         stops = torch.isin(seq, stop_ids)
         first = torch.where(stops.any(-1), stops.long().argmax(-1), length)
         stop_block_end = ((gen_start + first) // block + 1) * block - gen_start  # region index after the stop's block
-        inside &= torch.arange(length + block - 1, device=x.device)[None] < stop_block_end[:, None]
+        inside &= offsets[None] < stop_block_end[:, None]
         after = after_first(stops)
         seq = seq.masked_fill(after, family.pad_id)
         steps_taken, blk = steps_taken.masked_fill(after, -1), blk.masked_fill(after, -1)
