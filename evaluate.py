@@ -20,17 +20,18 @@ over the processes.
 """
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 import tyro
 
-from dare.config import parse
+from dare.config import parse, run
 from dare.engines import HFEngine
 from dare.eval import harness, report
-from dare.eval.trajectory import write_trajectory_html
+from dare.eval.trajectory import committed_confidences, write_trajectory_html
 from dare.models import load_pretrained
+from dare.models.loading import load_config, max_positions
 from dare.sampling import SamplingConfig
 
 
@@ -61,7 +62,8 @@ class Args:
 
 
 def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
-    rollout = engine.generate([messages], config=args.sampling, seed=args.seed)
+    config = replace(args.sampling, record_states=True) if args.trajectory else args.sampling  # + confidences
+    rollout = engine.generate([messages], config=config, seed=args.seed)
     text = rollout.texts[0]
     print(text)
     print(f"[{rollout.num_tokens} tokens in {rollout.seconds:.2f}s = {rollout.tokens_per_second:.1f} tokens/s, "
@@ -71,7 +73,9 @@ def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
     if args.trajectory:
         block = engine.family.block_size or args.sampling.block_length
         write_trajectory_html(args.trajectory, engine.tokenizer, rollout.completion_ids[0], rollout.step_map[0],
-                              block, title=f"{args.model}: decoding order")
+                              block, title=f"{args.model}: decoding order", prompt=messages[-1]["content"],
+                              confidences=committed_confidences(rollout.states, rollout.confidences,
+                                                                engine.family.mask_id))
         print(f"[trajectory written to {args.trajectory}]", file=sys.stderr)
     return text
 
@@ -99,6 +103,8 @@ def main(args: Args):
         return
     if not args.model:
         raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
+    config, _, family = load_config(args.model)  # the sampling settings are checked before the weights load
+    args.sampling.check(family, "sampling", 0, max_positions(config))
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer, family = load_pretrained(args.model, dtype=dtype, attn_implementation=args.attn_implementation)
     device = args.device
@@ -125,4 +131,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(parse(Args, config=(tyro.conf.OmitArgPrefixes,)))
+    run(main, lambda: parse(Args, config=(tyro.conf.OmitArgPrefixes,)))

@@ -24,14 +24,15 @@ import torch
 from transformers import TrainingArguments, set_seed
 
 from dare.algos import get_algorithm
-from dare.config import parse, peek
+from dare.config import parse, peek, run
 from dare.data import RLDataConfig, prompt_rows
 from dare.data.preference import PreferenceDataConfig, pair_rows
 from dare.engines import encode
 from dare.models import load_pretrained
+from dare.models.loading import load_config, max_positions
 from dare.models.lora import LoraArgs, apply_lora
 from dare.rewards.routing import RewardRouter
-from dare.sampling import SamplingConfig
+from dare.sampling import SamplingConfig, SamplingOverrides
 from dare.trainers import fit
 from dare.trainers.preference import PreferenceTrainer
 from dare.trainers.rl import DiffusionRLTrainer
@@ -49,32 +50,33 @@ class Args:
     prompts_per_step: int = 16  # prompts per rollout batch, all processes (offline: pairs per optimiser step)
     micro_batch_size: int = 8  # completions per forward/backward on one device
     rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
-    validation: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256))
+    validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
     rollout_batch_size: int = 64  # completions the engine decodes together
     reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
     lora: LoraArgs = field(default_factory=LoraArgs)
-    output_dir: str = "outputs/rl"
-    learning_rate: float = 5e-7
+    output_dir: str = "outputs/rl"  # checkpoints, logs and the final model go here
+    learning_rate: float = 5e-7  # peak learning rate of AdamW
     optim: str = "adamw_torch"  # any transformers optimiser name (adamw_torch, adamw_8bit, sgd, ...)
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    max_grad_norm: float = 1.0
-    lr_scheduler_type: str = "constant"
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.999  # AdamW beta2
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0 = off)
+    lr_scheduler_type: str = "constant"  # transformers schedule: constant | linear | cosine | ...
     warmup_steps: float = 0.0  # < 1: fraction of the training steps
     max_steps: int = -1  # optimiser steps (a rollout every num_iterations x mini_batches of them); > 0 overrides epochs
-    num_train_epochs: float = 1.0
+    num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    logging_steps: int = 1
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    logging_steps: int = 1  # log metrics every N optimiser steps
     save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
     save_total_limit: int = 3
     eval_steps: int = 20  # validate on data.eval_path every N steps (0: never)
     eval_on_start: bool = False  # validate once before training
     report_to: str = "none"  # none | tensorboard | wandb
-    seed: int = 42
+    console: str = "compact"  # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
+    seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
     log_completions: int = 2  # completions per rollout written to output_dir/completions.jsonl (0: none)
@@ -89,19 +91,21 @@ def args_class(algo: str):
                                      bases=(Args,))
     cls.__doc__ = f"{'Offline preference optimisation' if offline else 'Online RL'} of a diffusion LM with {algo}: " \
                   f"{algorithm.__doc__}"
+    cls.__module__ = Args.__module__  # so --help finds the fields' comments in this file's source
     return cls
 
 
-def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> list[dict]:
+def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> tuple[list[dict], int]:
+    """The rows whose prompt fits ``data.max_prompt_length`` tokens, and the longest of them."""
     rows = prompt_rows(path, split, args.data, limit)
-    kept = [r for r, ids in zip(rows, encode(tokenizer, [r["prompt"] for r in rows]))
-            if len(ids) <= args.data.max_prompt_length]
+    lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
+    kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= args.data.max_prompt_length]
     if len(kept) < len(rows):
         print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
               f"{args.data.max_prompt_length} tokens")
     if not kept:
         raise ValueError(f"{path}: no prompt fits data.max_prompt_length={args.data.max_prompt_length}")
-    return kept
+    return [r for r, _ in kept], max(n for _, n in kept)
 
 
 def batch_shape(args: Args, world: int) -> tuple[int, int]:
@@ -134,23 +138,29 @@ def main(args: Args) -> DiffusionRLTrainer | PreferenceTrainer:
     if getattr(type(args.algo_config), "offline", False):
         return main_offline(args)
     set_seed(args.seed)
-    RewardRouter(args.rewards)  # unknown reward names fail before the model loads
+    config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
+    RewardRouter(args.rewards)
+    args.algo_config.validate(family)
+    train, longest = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
+    evaluation, longest_eval = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split,
+                                             args.data.eval_limit) if args.data.eval_path else (None, 0))
+    sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
+    sampling.check(family, "rollout", longest, max_positions(config))
+    validation = args.validation.over(args.rollout)
+    if evaluation is not None:
+        validation.check(family, "validation", longest_eval, max_positions(config))
+    training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
+    training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
+        args, training_args.world_size)
     model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
                                                attn_implementation=args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    train = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
-    evaluation = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split, args.data.eval_limit)
-                  if args.data.eval_path else None)
-    training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
-    sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
-    training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
-        args, training_args.world_size)
     trainer = DiffusionRLTrainer(
         model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
         train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,
-        eval_sampling=args.validation, num_generations=args.num_generations,
+        eval_sampling=validation, num_generations=args.num_generations,
         rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
-        log_completions=args.log_completions)
+        log_completions=args.log_completions, console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 
@@ -159,9 +169,8 @@ def main_offline(args: Args) -> PreferenceTrainer:
     """Offline preference optimisation on ``args.preference`` pairs (the rollout, reward and RL-data knobs unused)."""
     set_seed(args.seed)
     data = args.preference
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    _, _, family = load_config(args.model)  # every check below runs before the weights load
+    args.algo_config.validate(family)
     train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)
     evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
@@ -170,14 +179,18 @@ def main_offline(args: Args) -> PreferenceTrainer:
         raise ValueError(f"micro_batch_size={args.micro_batch_size} must be even (chosen + rejected rows) and "
                          f"prompts_per_step={args.prompts_per_step} pairs a multiple of micro_batch_size / 2 x "
                          f"{world} processes")
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
     pairs = args.micro_batch_size // 2
     training_args.per_device_train_batch_size = training_args.per_device_eval_batch_size = pairs
     training_args.gradient_accumulation_steps = args.prompts_per_step // (world * pairs)
     trainer = PreferenceTrainer(model, training_args, algorithm=args.algo_config, family=family,
-                                processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data)
+                                processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data,
+                                console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 
 
 if __name__ == "__main__":
-    main(parse(args_class(peek("algo", default="d1"))))
+    run(main, lambda: parse(args_class(peek("algo", default="d1"))))

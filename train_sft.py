@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments, set_seed
 
-from dare.config import parse
+from dare.config import parse, run
 from dare.data import SFTCollator, SFTDataConfig, load_rows
 from dare.data.sft import tokenize_dataset
 from dare.models import load_pretrained
+from dare.models.loading import load_config, max_positions
 from dare.models.lora import LoraArgs, apply_lora
 from dare.trainers import DiffusionSFTTrainer, fit
 
@@ -29,40 +30,53 @@ class Args:
     model: str = "tiny:llada"  # hub name, local folder or tiny:<family>
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     lora: LoraArgs = field(default_factory=LoraArgs)
-    output_dir: str = "outputs/sft"
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.95
+    output_dir: str = "outputs/sft"  # checkpoints, logs and the final model go here
+    learning_rate: float = 1e-4  # peak learning rate of AdamW
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    adam_beta2: float = 0.95  # AdamW beta2
     warmup_steps: float = 0.1  # < 1: fraction of the training steps
-    lr_scheduler_type: str = "cosine"
-    max_grad_norm: float = 1.0
-    num_train_epochs: float = 1.0
+    lr_scheduler_type: str = "cosine"  # transformers schedule: constant | linear | cosine | ...
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0 = off)
+    num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
     max_steps: int = -1  # > 0 overrides num_train_epochs
-    per_device_train_batch_size: int = 2
-    gradient_accumulation_steps: int = 1
+    per_device_train_batch_size: int = 2  # examples per forward/backward on one device
+    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step (global batch = this x batch size x devices)
     group_by_length: bool = False  # batch examples of similar length together (less padding with pad_to=longest)
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    logging_steps: int = 10
-    save_steps: int = 500
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    logging_steps: int = 10  # log metrics every N optimiser steps
+    save_steps: int = 500  # write a checkpoint every N optimiser steps
+    eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
     save_total_limit: int = 3  # keep the last K checkpoints
     report_to: str = "none"  # none | tensorboard | wandb
-    seed: int = 42
+    console: str = "compact"  # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
+    seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
 
 
 def main(args: Args):
     set_seed(args.seed)
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
+    positions = max_positions(config)
+    if positions and args.data.max_length > positions:
+        raise ValueError(f"data.max_length {args.data.max_length} is more than the model's {positions} positions "
+                         "(max_position_embeddings)")
     rows = load_rows(args.data.path, args.data.split)
     if args.data.limit:
         rows = rows.select(range(min(args.data.limit, len(rows))))
     train = tokenize_dataset(rows, tokenizer, family, args.data)
+    evaluation = None
+    if args.data.eval_path:
+        held_out = load_rows(args.data.eval_path, args.data.eval_split)
+        if args.data.eval_limit:
+            held_out = held_out.select(range(min(args.data.eval_limit, len(held_out))))
+        evaluation = tokenize_dataset(held_out, tokenizer, family, args.data)
+    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                               attn_implementation=args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
     training_args = TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
         adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps, lr_scheduler_type=args.lr_scheduler_type,
@@ -73,12 +87,15 @@ def main(args: Args):
         activation_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
-        seed=args.seed, remove_unused_columns=False)
-    trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, family=family,
-                                  data_collator=SFTCollator(family, args.data), processing_class=tokenizer)
+        seed=args.seed, remove_unused_columns=False, eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",
+        eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size)
+    trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
+                                  family=family,
+                                  data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
+                                  console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
-    fit(trainer, args.resume, merged)
+    return fit(trainer, args.resume, merged)
 
 
 if __name__ == "__main__":
-    main(parse(Args))
+    run(main, lambda: parse(Args))

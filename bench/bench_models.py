@@ -4,8 +4,10 @@ checkpointing, on the family's own training input (block families: the doubled `
     python bench/bench_models.py                      # batch 4, sequence 512, all families
     python bench/bench_models.py --seq 1024 --families sdar llada2 --hidden 256
 
-Each configuration runs in a forked child so its peak resident memory (VmHWM - VmRSS before the step) is its own.
-On a GPU (``--device cuda``) the peak is ``torch.cuda.max_memory_allocated``.
+Each configuration runs in a forked child. Peak MiB = the most memory held by live tensors during one more step
+(``LivePeak`` in ``bench/_common.py``: the CPU profiler's allocator events, ``torch.cuda.max_memory_allocated`` on a
+GPU), above what the model held before it: memory freed to the allocator cannot count, so checkpointing shows its
+saving. The timed steps run without the profiler.
 """
 
 import argparse
@@ -13,8 +15,7 @@ import statistics
 import time
 
 import torch
-
-from _common import hidden_override, in_child, rss_kib
+from _common import LivePeak, hidden_override, in_child
 
 from dare.models import FAMILIES, Family, tiny
 
@@ -36,10 +37,6 @@ def run(args, family, attn, ckpt, queue):
     fam = Family.from_pretrained(model.config, tok)
     x = torch.randint(20, len(tok), (args.batch, args.seq), device=args.device)
     step(fam, model, x)  # warm-up
-    before = rss_kib("VmRSS")
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(args.repeats):
         model.zero_grad(set_to_none=True)
@@ -48,10 +45,11 @@ def run(args, family, attn, ckpt, queue):
         if args.device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    peak_mib = (torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda"
-                else (rss_kib("VmHWM") - before) / 1024)
+    model.zero_grad(set_to_none=True)
+    with LivePeak(args.device) as peak:
+        step(fam, model, x)
     params = sum(p.numel() for p in model.parameters())
-    queue.put((statistics.median(times), peak_mib, params))
+    queue.put((statistics.median(times), peak.mib, params))
 
 
 def main():
@@ -64,8 +62,8 @@ def main():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     print(f"batch {args.batch} x seq {args.seq}, device {args.device}, torch threads {torch.get_num_threads()}")
-    print(f"| family | params | attention | grad ckpt | fwd+bwd ms | tokens/s | peak MiB |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| family | params | attention | grad ckpt | fwd+bwd ms | tokens/s | live peak MiB |")
+    print("|---|---|---|---|---|---|---|")
     for family in args.families:
         for attn in ("sdpa", "eager"):
             for ckpt in (False, True):

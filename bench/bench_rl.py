@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _common import hidden_override, in_child
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train_rl.py lives in the repository root
@@ -78,7 +77,7 @@ def main():
             f: save_tiny(f, f"{tmp}/{f}", **hidden_override(f, args.hidden)) for f in args.families}
         print(f"d1 step: {args.prompts} prompts x {args.generations} completions, {args.gen_length} tokens, "
               f"micro-batch {args.micro_batch}, median of {args.steps} steps, {args.threads} thread(s)\n")
-        print(f"| model | decoding | rollout s | reward s | old logp s | train s | step s | rollout tok/s | NFE |")
+        print("| model | decoding | rollout s | reward s | old logp s | train s | step s | rollout tok/s | NFE |")
         print("|---|---|---|---|---|---|---|---|---|")
         for name, model in models.items():
             from dare.models import load_pretrained

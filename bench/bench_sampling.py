@@ -7,6 +7,7 @@ diffusion (SDAR, LLaDA2). One run prints both tables.
     python bench/bench_sampling.py --sharpen 1 --tiny-sharpen 1      # raw random models: threshold never reached
     python bench/bench_sampling.py --large-masked --large-block      # tiny models only, gen length 256
     python bench/bench_sampling.py --jobs 1 --large-batch 4 --large-masked llada dream   # sequential, bigger
+    python bench/bench_sampling.py --large-masked --large-block --model outputs/standin-llada   # + a trained stand-in
 
 Masked diffusion (gen length 256, block 32, 256 steps, temperature 0, low_confidence, the linear schedule = one
 token per step for both families; ``--schedule family`` gives Dream its own) compares plain decoding,
@@ -23,7 +24,13 @@ row, same model; CPU speed-up = the same ratio of process CPU times (time.proces
 for a busy core does not accumulate: a cross-check of the wall-clock ratio on a shared machine; agreement =
 fraction of generated tokens identical to the reference row (masked: plain; block: no cache, static);
 = no-cache twin = the same against the same decoding without a cache (prefix/dual cache vs plain, prefix/dual +
-threshold vs threshold, block cache vs no cache), which isolates what the cache changes.
+threshold vs threshold, block cache vs no cache), which isolates what the cache changes; quality (``--model`` rows)
+= how well the answers do their task: for the stand-ins' ``cycle`` task, the share of adjacent words that follow
+the cycle (what parallel decoding can break), else the reward's accuracy.
+
+Trained models (``--model FOLDER``, e.g. ``python train_sft.py --config recipes/standin/llada.yaml`` first): timed as
+saved (no sharpening) on ``--model-batch`` held-out questions of ``--model-task``, beside the random rows. A trained
+model's confidence is what decides how many tokens pass a threshold, so these rows say what the random rows cannot.
 
 What must be exact: the block KV cache (block-causal attention: cached K/V never change) and, on the 1-layer
 masked models (``*-1layer`` rows), the Fast-dLLM caches too: layer-0 K/V depend only on the token and its
@@ -58,6 +65,7 @@ process keeping one core busy. Tiny models decode 4 chat prompts, left padded.
 """
 
 import argparse
+import itertools
 import multiprocessing as mp
 import os
 import subprocess
@@ -65,8 +73,12 @@ import sys
 import time
 
 import torch
+from transformers import AutoConfig
 
-from dare.models import Family, tiny
+from dare.data.tasks import WORDS, make_task
+from dare.engines.hf import decode_completions
+from dare.models import Family, load_pretrained, tiny
+from dare.rewards import get_reward, score_for_source
 from dare.sampling import SamplingConfig, generate
 from dare.sampling.primitives import CONFIDENCE
 
@@ -103,17 +115,21 @@ def large_overrides(family: str, a) -> dict:
                 head_dim=a.large_hidden // a.large_heads)
 
 
-def build(family: str, overrides: dict, sharpen: float, seed: int):
-    model, tok = tiny(family, seed=seed, **overrides)
+def build(spec, seed: int):
+    """A trained folder as saved (``spec.path``), or a random model with its LM head scaled by ``spec.sharpen``."""
+    if spec.path:
+        return load_pretrained(spec.path, dtype=torch.float32)
+    model, tok = tiny(spec.family, seed=seed, **spec.overrides)
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(sharpen)
+        model.get_output_embeddings().weight.mul_(spec.sharpen)
     return model, tok, Family.from_pretrained(model.config, tok)
 
 
-def prompt_batch(tok, batch: int):
-    """``batch`` chat prompts (cycling over PROMPTS), left padded."""
+def prompt_batch(tok, batch: int, questions=None):
+    """``batch`` chat prompts (``questions``, else cycling over PROMPTS), left padded."""
     tok.padding_side = "left"
-    msgs = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(batch)]
+    questions = questions or [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+    msgs = [[{"role": "user", "content": q}] for q in questions]
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, padding=True, return_dict=True,
                                   return_tensors="pt")
     return enc["input_ids"], enc["attention_mask"]
@@ -146,10 +162,12 @@ def top1_prob(model, family, ids, mask, gen_length: int) -> float:
 class Spec:
     """One model of the benchmark: what to build and how to decode with it."""
 
-    def __init__(self, section, label, family, overrides, batch, repeats, sharpen, base_cfg, methods, ref, weight):
+    def __init__(self, section, label, family, overrides, batch, repeats, sharpen, base_cfg, methods, ref, weight,
+                 path=None, task=None):
         self.section, self.label, self.family, self.overrides = section, label, family, overrides
         self.batch, self.repeats, self.sharpen, self.base_cfg = batch, repeats, sharpen, base_cfg
         self.methods, self.ref, self.weight = methods, ref, weight
+        self.path, self.task = path, task  # a trained folder, prompted with held-out questions of its task
 
 
 # Rough relative cost of each method (plain masked decoding = 1), only to schedule the longest jobs first.
@@ -166,13 +184,14 @@ def run_job(job):
     if threads:
         torch.set_num_threads(threads)
     if spec.label not in _MODELS:
-        model, tok, family = build(spec.family, spec.overrides, spec.sharpen, seed)
-        ids, mask = prompt_batch(tok, spec.batch)
+        model, tok, family = build(spec, seed)
+        rows = make_task(spec.task, spec.batch, 0, "test") if spec.task else []
+        ids, mask = prompt_batch(tok, spec.batch, [r["prompt"][-1]["content"] for r in rows])
         warm_length = spec.base_cfg.get("block_length") or family.block_size
         warm = dict(spec.base_cfg, gen_length=warm_length, block_length=None, steps=min(4, warm_length))
         generate(model, family, ids, mask, SamplingConfig(**warm))  # warm-up, once per model and process
-        _MODELS[spec.label] = (model, family, ids, mask)
-    model, family, ids, mask = _MODELS[spec.label]
+        _MODELS[spec.label] = (model, tok, family, ids, mask, rows)
+    model, tok, family, ids, mask, rows = _MODELS[spec.label]
     over, _ = spec.methods[method]
     cfg = SamplingConfig(**{**spec.base_cfg, **{k: (threshold if k == "threshold" else v) for k, v in over.items()}})
     counter = FedCounter(model)
@@ -187,8 +206,26 @@ def run_job(job):
     if method == spec.ref:
         info = dict(params=sum(p.numel() for p in model.parameters()), prompt=ids.shape[1],
                     top1=top1_prob(model, family, ids, mask, cfg.gen_length))
+    texts = decode_completions(tok, family, out.sequences)[1] if rows else []
     return spec.label, method, dict(nfe=out.nfe, wall=best, cpu=cpu, positions=counter.positions, seq=out.sequences,
-                                    length=cfg.gen_length, info=info)
+                                    length=cfg.gen_length, info=info, quality=quality(texts, rows) if rows else None)
+
+
+def quality(texts: list[str], rows: list[dict]) -> float:
+    """How well a trained model's answers do their task, averaged over the prompts: for ``cycle``, the share of
+    adjacent words in the answer's list that follow the cycle (what parallel decoding can break: a word committed
+    beside a neighbour it does not fit); for other tasks, the reward's accuracy."""
+    scores = []
+    for text, row in zip(texts, rows, strict=True):
+        if row["data_source"] == "cycle":
+            words = text.split(". The answer")[0].split()
+            pairs = list(itertools.pairwise(words))
+            scores.append(sum(a in WORDS and b == WORDS[(WORDS.index(a) + 1) % len(WORDS)] for a, b in pairs)
+                          / max(len(pairs), 1))
+        else:
+            fn = get_reward(score_for_source(row["data_source"], row["extra_info"].get("task")))
+            scores.append(fn(text, row["reward_model"]["ground_truth"], row["extra_info"]).acc)
+    return sum(scores) / len(scores)
 
 
 def revision() -> str:
@@ -203,8 +240,8 @@ def revision() -> str:
 
 def print_header():
     print("| model | params | method | nfe | tokens/s | fwd/token | model tok/token | speed-up | CPU speed-up | "
-          "agreement | = no-cache twin | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "agreement | = no-cache twin | quality | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table_rows(spec, results):
@@ -216,10 +253,11 @@ def table_rows(spec, results):
         agree = (r["seq"] == ref["seq"]).float().mean().item()
         twin_agree = (r["seq"] == results[twin]["seq"]).float().mean().item()
         n = r["length"]
+        score = "-" if r["quality"] is None else f"{r['quality']:.1%}"
         rows.append(f"| {spec.label} | {ref['info']['params'] / 1e6:.1f}M | {method} | {r['nfe']} | "
                     f"{spec.batch * n / r['wall']:,.1f} | {r['nfe'] / n:.3f} | {r['positions'] / n:.1f} | "
                     f"{ref['wall'] / r['wall']:.2f}x | {ref['cpu'] / r['cpu']:.2f}x | {agree:.1%} | "
-                    f"{twin_agree:.1%} | {r['wall']:.2f} |")
+                    f"{twin_agree:.1%} | {score} | {r['wall']:.2f} |")
     return rows
 
 
@@ -272,6 +310,14 @@ def main():
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads per worker (default 1; 0 = torch's default)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation seed (default 0)")
+    p.add_argument("--model", nargs="*", default=[], metavar="FOLDER",
+                   help="trained model folders also benchmarked, as saved (no sharpening), on held-out questions of "
+                        "--model-task, e.g. the stand-ins of recipes/standin; fills the quality column")
+    p.add_argument("--model-task", default="cycle",
+                   help="generated task (dare.data.tasks) whose held-out questions prompt the --model folders "
+                        "(default cycle, what recipes/standin trains)")
+    p.add_argument("--model-batch", type=int, default=8, help="prompts per batch for --model folders (default 8)")
+    p.add_argument("--model-repeats", type=int, default=1, help="timed runs per --model row (default 1)")
     a = p.parse_args()
     if a.quick:
         a.gen_length, a.repeats, a.large_masked, a.large_block = 64, 1, [], []
@@ -296,6 +342,12 @@ def main():
     for fam in a.large_block:
         specs.append(Spec("block", f"{fam}-large", fam, large_overrides(fam, a), a.large_batch, a.large_repeats,
                           a.sharpen, block_cfg, BLOCK_METHODS, "no cache, static", 10.0))
+    for folder in a.model:
+        fam = Family.from_pretrained(AutoConfig.from_pretrained(folder))
+        section, cfg, methods, ref = (("block", block_cfg, BLOCK_METHODS, "no cache, static") if fam.is_block_diffusion
+                                      else ("masked", masked_cfg, MASKED_METHODS, "plain"))
+        specs.append(Spec(section, os.path.basename(os.path.normpath(folder)), fam.name, {}, a.model_batch,
+                          a.model_repeats, 1.0, cfg, methods, ref, 1.0, path=folder, task=a.model_task))
     jobs = [(s, m, a.threshold, a.seed, a.threads) for s in specs for m in s.methods]
     jobs.sort(key=lambda j: -j[0].weight * j[0].repeats * COST[j[1]])
 
@@ -333,9 +385,10 @@ def main():
         print(f"\n## {title}\n")
         for s in chosen:
             info = results[s.label][s.ref]["info"]
+            what = f"trained ({s.path}), held-out task:{s.task} questions" if s.path else f"sharpen {s.sharpen:g}"
             print(f"* {s.label}: {s.family}, {info['params'] / 1e6:.2f}M params, batch {s.batch} x prompt "
-                  f"{info['prompt']} (left padded), sharpen {s.sharpen:g}: mean top-1 probability at masked "
-                  f"positions {info['top1']:.3f}")
+                  f"{info['prompt']} (left padded), {what}: mean top-1 probability at masked positions of the "
+                  f"initial canvas {info['top1']:.3f}")
         print()
         print_header()
         for s in chosen:

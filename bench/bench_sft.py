@@ -12,8 +12,10 @@ batch has the same shape. Step time = the interval between consecutive step ends
 clipping, optimizer and, for the Trainer, its callbacks/logging/accelerate hooks), median over the timed steps that
 follow ``--warmup`` untimed ones. tokens/s counts ALL tokens of the padded batch (batch x max_length; the block
 families' model input is twice that, [x_t || x_0]). overhead % = trainer median step / loop median step - 1.
-Each configuration (family x {trainer, loop}) runs in a forked child, so its peak resident memory (VmHWM - VmRSS
-after the model is built) is its own; on a GPU (``--device cuda``) the peak is ``torch.cuda.max_memory_allocated``.
+Each configuration (family x {trainer, loop}) runs in a forked child. Peak MiB = the most memory held by live
+tensors (``LivePeak`` in ``bench/_common.py``: the CPU profiler's allocator events, ``torch.cuda.max_memory_allocated``
+on a GPU) over the first two steps (AdamW's state is created in the first), measured in a child of its own so the
+profiler slows no timed step; memory freed to the allocator cannot count.
 """
 
 import argparse
@@ -22,12 +24,12 @@ import shutil
 import statistics
 import tempfile
 import time
+from itertools import pairwise
 
 import torch
+from _common import LivePeak, hidden_override, in_child
 
 from dare.data import SFTCollator, SFTDataConfig
-from _common import hidden_override, in_child, rss_kib
-
 from dare.models import FAMILIES, Family, tiny
 from dare.objectives import sft_loss
 
@@ -62,6 +64,7 @@ def sync(args):
 
 def run_trainer(args, model, tok, fam, rows, collator):
     from transformers import TrainerCallback, TrainingArguments
+
     from dare.trainers import DiffusionSFTTrainer
 
     ends = []
@@ -117,17 +120,22 @@ def child(args, family, kind, queue):
     torch.manual_seed(args.seed)
     model, tok, fam, rows, collator = build(args, family)
     params = sum(p.numel() for p in model.parameters())
-    before = rss_kib("VmRSS")
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     ends = (run_trainer if kind == "trainer" else run_loop)(args, model, tok, fam, rows, collator)
     wall = time.perf_counter() - start
-    peak_mib = (torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda"
-                else (rss_kib("VmHWM") - before) / 1024)
-    steps = [b - a for a, b in zip(ends, ends[1:])]
+    steps = [b - a for a, b in pairwise(ends)]
     assert len(steps) == args.warmup + args.steps, f"{kind}: {len(steps)} steps recorded"
-    queue.put((statistics.median(steps[args.warmup:]), peak_mib, params, wall))
+    queue.put((statistics.median(steps[args.warmup:]), params, wall))
+
+
+def memory_child(args, family, kind, queue):
+    """Live-tensor peak of the first two steps (model built before, so its weights are not counted)."""
+    args = argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 1})
+    torch.manual_seed(args.seed)
+    model, tok, fam, rows, collator = build(args, family)
+    with LivePeak(args.device) as peak:
+        (run_trainer if kind == "trainer" else run_loop)(args, model, tok, fam, rows, collator)
+    queue.put(peak.mib)
 
 
 def main():
@@ -161,8 +169,9 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     start = time.perf_counter()
     for family in args.families:
-        t_step, t_peak, params, _ = in_child(child, args, family, "trainer")
-        l_step, l_peak, _, _ = in_child(child, args, family, "loop")
+        t_step, params, _ = in_child(child, args, family, "trainer")
+        l_step, _, _ = in_child(child, args, family, "loop")
+        t_peak, l_peak = (in_child(memory_child, args, family, kind) for kind in ("trainer", "loop"))
         print(f"| {family} | {params / 1e6:.2f}M | {t_step * 1e3:.1f} | {l_step * 1e3:.1f} | {tokens / t_step:,.0f} | "
               f"{tokens / l_step:,.0f} | {(t_step / l_step - 1) * 100:+.1f} | {t_peak:.1f} | {l_peak:.1f} |",
               flush=True)

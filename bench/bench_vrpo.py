@@ -4,12 +4,16 @@ on the held-out questions before / after, seconds per optimiser step and model f
     python bench/bench_vrpo.py                                  # tiny LLaDA SFT'd 600 steps, 3 variants, ~5 min
     python bench/bench_vrpo.py --sft-steps 0 --steps 40         # from the random tiny model
     python bench/bench_vrpo.py --memory                         # peak memory of one step vs K, streamed or not
+    python bench/bench_vrpo.py --memory --unstreamed-max-k 4    # the one-graph rows only where they fit
 
 ``--memory``: one VRPO step (policy + reference ELBOs, loss, backward) of 4 pairs of 256-token responses on a
 ~35M-parameter LLaDA and SDAR, K = 2, 4, 8, 16, with the draws streamed (each recomputed in backward) or in one
 graph. Columns: activations kept for backward after the forward (bytes autograd saved, read with saved-tensor
-hooks: freed memory cannot count) and the child process's resident-memory high-water mark (VmHWM) above its level
-before the step, and seconds per step.
+hooks), the live-tensor peak of the step (``LivePeak``: the profiler's allocator events, measured on a second,
+untimed run of the same step; memory freed cannot count), the child process's resident-memory high-water mark
+(VmHWM) above its level before the step, and seconds per step. The resident peak also counts memory glibc keeps
+after a free; with ``MALLOC_MMAP_THRESHOLD_=131072`` (large blocks returned to the system at once) it follows the
+live peak.
 
 Setup: the tiny model is SFT'd on generated single-digit sums, then trained with
 ``train_rl.py --algo vrpo`` on ``task:addition`` pairs (chosen: the right sum, rejected: another number in 0..99;
@@ -29,8 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from _common import in_child, rss_kib
+from _common import LivePeak, in_child, rss_kib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_rl  # noqa: E402
@@ -68,7 +71,7 @@ def answer_accuracy(model_path) -> float:
     texts = HFEngine(model.eval(), tokenizer, family, 256).generate([p["prompt"] for p in pairs], 1,
                                                                     SamplingConfig(gen_length=12), seed=0).texts
     boxed = [re.findall(r"\\boxed\{([^}]*)\}", t) for t in [*texts, *(p["chosen"] for p in pairs)]]
-    return sum(bool(a) and a[-1] == b[-1] for a, b in zip(boxed[:len(pairs)], boxed[len(pairs):])) / len(pairs)
+    return sum(bool(a) and a[-1] == b[-1] for a, b in zip(boxed[:len(pairs)], boxed[len(pairs):], strict=True)) / len(pairs)
 
 
 def baseline(model, queue):
@@ -140,24 +143,28 @@ def memory_step(family, samples, stream, queue):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         policy = vrpo.elbo(model, fam, batch, noise)
     vrpo.loss(policy, reference)[0].mean().backward()
-    queue.put({"saved": saved[0] / 2 ** 20, "peak": (rss_kib("VmHWM") - base) / 1024,
-               "seconds": time.perf_counter() - start,
+    seconds, rss = time.perf_counter() - start, (rss_kib("VmHWM") - base) / 1024
+    model.zero_grad(set_to_none=True)
+    with LivePeak() as live:  # the same step again, its live tensors recorded (slower: not timed)
+        vrpo.loss(vrpo.elbo(model, fam, batch, noise), reference)[0].mean().backward()
+    queue.put({"saved": saved[0] / 2 ** 20, "peak": rss, "live": live.mib, "seconds": seconds,
                "params": sum(p.numel() for p in model.parameters()) / 1e6})
 
 
-def memory_table():
-    print("| family | params | K | streamed | activations kept (MiB) | RSS peak above start (MiB) | s / step |")
-    print("|---|---|---|---|---|---|---|")
+def memory_table(ks, unstreamed_max):
+    print("| family | params | K | streamed | activations kept (MiB) | live peak (MiB) | RSS peak above start (MiB) | "
+          "s / step |")
+    print("|---|---|---|---|---|---|---|---|")
     for family in MEMORY_MODELS:
-        for samples in (2, 4, 8, 16):
-            for stream in (True, False):
+        for samples in ks:
+            for stream in (True, False)[: 2 if samples <= unstreamed_max else 1]:
                 try:
                     r = in_child(memory_step, family, samples, stream)
                 except SystemExit as e:  # the unstreamed graph can outgrow the machine: report, go on
-                    print(f"| {family} | | {samples} | {'yes' if stream else 'no'} | failed: {e} | | |", flush=True)
+                    print(f"| {family} | | {samples} | {'yes' if stream else 'no'} | failed: {e} | | | |", flush=True)
                     continue
                 print(f"| {family} | {r['params']:.0f}M | {samples} | {'yes' if stream else 'no'} | {r['saved']:.1f} | "
-                      f"{r['peak']:.0f} | {r['seconds']:.2f} |", flush=True)
+                      f"{r['live']:.0f} | {r['peak']:.0f} | {r['seconds']:.2f} |", flush=True)
 
 
 def main():
@@ -167,9 +174,13 @@ def main():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--memory", action="store_true", help="only the peak-memory-vs-K table (streamed or not)")
+    p.add_argument("--k", type=int, nargs="+", default=[2, 4, 8, 16], help="--memory: the K values (default 2 4 8 16)")
+    p.add_argument("--unstreamed-max-k", type=int, default=16,
+                   help="--memory: also time the unstreamed graph up to this K (default 16; it can outgrow the "
+                        "machine)")
     args = p.parse_args()
     if args.memory:
-        return memory_table()
+        return memory_table(args.k, args.unstreamed_max_k)
     with tempfile.TemporaryDirectory() as tmp:
         model = in_child(sft, f"{tmp}/sft", args.sft_steps) if args.sft_steps else "tiny:llada"
         start = in_child(baseline, model)
@@ -183,7 +194,7 @@ def main():
             b, a = r["before"], r["after"]
             nats = 512 if VARIANTS[name].get("normalise") == "padded_length" else 1  # back from ELBO / R to nats
 
-            def gap(h):
+            def gap(h, nats=nats):
                 return (h["eval_elbo/chosen"] - h["eval_elbo/rejected"]) * nats
             print(f"| {name} | {b['eval_margin'] * nats:.2f} | {a['eval_margin'] * nats:.2f} | "
                   f"{b['eval_accuracy']:.3f} | {a['eval_accuracy']:.3f} | {gap(b):.2f} | {gap(a):.2f} | {start:.3f} | "

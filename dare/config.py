@@ -3,29 +3,90 @@
     args = parse(Args)     # python script.py --config recipes/x.yaml --learning-rate 1e-5
 
 A recipe may start from another: ``base: other.yaml`` (relative to the recipe's folder) loads that one first, and
-the recipe's own keys override it, section by section.
+the recipe's own keys override it, section by section. Values are converted to the declared types (``1e-5`` is a
+float), or refused naming the key.
+
+    if __name__ == "__main__":
+        run(main, lambda: parse(Args))   # a user error prints "error: <message>" and exits 2
 """
 
 import argparse
 import dataclasses
+import os
 import sys
+import tempfile
+import traceback
+import types
+import typing
 from pathlib import Path
 
 import tyro
 import yaml
 
 
-def _apply(instance, values: dict, where: str):
+def convert(value, kind, where: str):
+    """``value`` (as YAML read it) as the declared type ``kind``: YAML reads ``1e-5`` as text and ``5`` as an int, so
+    numbers written either way become the float or int the field declares; anything that does not fit is an error
+    naming the key."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return convert(value, option, where)
+            except ValueError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r} ({type(value).__name__})")
+        inner = args[0] if args else typing.Any
+        return origin(convert(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind in (int, float):
+        if isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                number = None
+            value = value if number is None else number
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if kind is float:
+                return float(value)
+            if float(value).is_integer():
+                return int(value)
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value  # dict, Any and other types: as written
+    raise ValueError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r} ({type(value).__name__})")
+
+
+def _apply(instance, values: dict, source: str, prefix: str = ""):
     fields = {f.name: f for f in dataclasses.fields(instance)}
+    hints = typing.get_type_hints(type(instance))
     for key, value in values.items():
         key = key.replace("-", "_")
         if key not in fields:
-            raise ValueError(f"{where}: unknown key {key!r}; known: {sorted(fields)}")
+            raise ValueError(f"{source}: unknown key {prefix + key!r}; known: {sorted(fields)}")
         current = getattr(instance, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            _apply(current, value, f"{where}.{key}")
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"{source}: {prefix + key!r} is a section: give it a mapping of its keys, got {value!r}")
+            _apply(current, value, source, f"{prefix}{key}.")
         else:
-            setattr(instance, key, value)
+            setattr(instance, key, convert(value, hints.get(key, typing.Any), f"{source}: {prefix + key}"))
     return instance
 
 
@@ -70,3 +131,25 @@ def parse(cls, argv: list[str] | None = None, config: tuple = ()):
         default = _apply(default, load_recipe(known.config), known.config)
     return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")
+
+
+# What a user's input can cause (a bad value, a missing file, column or hub name): a one-line error, not a traceback.
+USER_ERRORS = (ValueError, KeyError, OSError, yaml.YAMLError)
+
+
+def run(main, make_args):
+    """``main(make_args())`` as a script's entry point. A user error prints ``error: <message>`` and exits 2; the
+    traceback goes to a file named in the message. ``--debug`` (anywhere on the command line) or ``DARE_DEBUG=1``
+    lets it propagate with its traceback instead."""
+    debug = "--debug" in sys.argv[1:] or os.environ.get("DARE_DEBUG", "") not in ("", "0")
+    sys.argv = [a for a in sys.argv if a != "--debug"]
+    try:
+        return main(make_args())
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        with tempfile.NamedTemporaryFile("w", prefix="dare-error-", suffix=".txt", delete=False) as f:
+            traceback.print_exc(file=f)
+        print(f"error: {message}\n(traceback in {f.name}; --debug or DARE_DEBUG=1 prints it)", file=sys.stderr)
+        sys.exit(2)

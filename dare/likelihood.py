@@ -34,8 +34,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .diffusion import (batch_stratified_counts, block_random_masks, block_stratified_masks, corrupt,
-                        random_subset, stratified_counts, uniform)
+from .diffusion import (
+    batch_stratified_counts,
+    block_random_masks,
+    block_stratified_masks,
+    corrupt,
+    random_subset,
+    stratified_counts,
+    uniform,
+)
 
 
 @dataclass

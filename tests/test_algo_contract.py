@@ -6,6 +6,7 @@ finite losses and gradients."""
 
 import pytest
 import torch
+from test_train_rl import data, history, rl_args, weights  # noqa: F401  (fixture + helpers)
 
 import train_rl
 from dare.algos import get_algorithm, known
@@ -13,7 +14,6 @@ from dare.algos.base import Algorithm
 from dare.engines import HFEngine
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig
-from test_train_rl import data, history, rl_args, weights  # noqa: F401  (fixture + helpers)
 
 FAMILIES = ("llada", "dream", "sdar", "llada2")
 FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {},

@@ -70,7 +70,7 @@ def test_bgpo_on_policy_value_and_gradient_equal_the_sequence_objective():
     target = -(batch["advantages"] * torch.exp((value - value.detach()).mean(-1)) * tokens).sum() / tokens.sum()
     assert torch.allclose(loss.detach(), -(batch["advantages"] * tokens).sum() / tokens.sum())
     expected = torch.autograd.grad(target, params)
-    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, expected))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, expected, strict=True))
 
 
 def test_bgpo_linearised_ratio_is_a_lower_bound_and_never_nan():
@@ -127,7 +127,7 @@ def test_spg_gradient_is_reinforce_on_the_bound():
     adv, tokens = batch["advantages"], batch["loss_mask"].sum(-1).double()
     est = torch.where(adv > 0, bounds[:, 0], bounds[:, 1])
     expected = torch.autograd.grad(-(adv * tokens * est).sum() / tokens.sum(), params, retain_graph=True)
-    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(torch.autograd.grad(loss, params), expected))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(torch.autograd.grad(loss, params), expected, strict=True))
 
 
 # ------------------------------------------------------------------------------------------------------ ebpo

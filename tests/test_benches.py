@@ -1,6 +1,18 @@
-"""The GPU check cannot rot: its dry run (tiny models, CPU, short lengths) runs every row of the table."""
+"""The benches cannot rot: the GPU check's dry run (tiny models, CPU, short lengths) runs every row of its table;
+the live-tensor peak counts what is alive, never freed memory; the trained stand-in recipes train and feed
+bench_sampling.py."""
 
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
 from conftest import ROOT, load_script
+from test_recipes import STANDIN_RECIPES
+
+import train_sft
+from dare.config import parse
 
 
 def test_gpu_check_dry_run_fills_every_row():
@@ -15,3 +27,36 @@ def test_gpu_check_dry_run_fills_every_row():
         assert sum(m.startswith("decode ") and "forwards" not in m for m in measures) == 4  # 2 variants x 2 lengths
     assert all(r[2] > 0 for r in rows if "tok/s" in r[3] or r[3] == "s")
     assert min(r[2] for r in rows if r[1] == "numerics: argmax agreement") > 0.9  # bf16 keeps the argmax
+
+
+def test_live_peak_counts_live_tensors_not_freed_memory():
+    """Three 16 MiB tensors made and freed one after another peak at 16 MiB (a resident-set high-water mark can read
+    more: the allocator keeps freed pages); two alive at once peak at 32."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import LivePeak
+    with LivePeak() as one_at_a_time:
+        for _ in range(3):
+            x = torch.ones(4 * 2 ** 20)
+            del x
+    with LivePeak() as two_at_once:
+        x, y = torch.ones(4 * 2 ** 20), torch.ones(4 * 2 ** 20)
+        del x, y
+    assert 16 <= one_at_a_time.mib < 16.5 and 32 <= two_at_once.mib < 32.5
+
+
+@pytest.mark.parametrize("path", STANDIN_RECIPES, ids=lambda p: p.stem)
+def test_standin_recipe_trains_and_benches(path, tmp_path):
+    """The stand-in recipe trains (two steps here) into a normal folder, and bench_sampling.py --model times every
+    decoding variant of its family on it, with the exact-answers column filled."""
+    args = parse(train_sft.Args, ["--config", str(path)])
+    assert args.data.path == "task:cycle" and args.model.startswith("tiny:")
+    args.output_dir, args.max_steps, args.save_steps, args.data.limit = str(tmp_path / "standin"), 2, 2, 32
+    train_sft.main(args)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sampling.py"), "--quick", "--masked", "--block",
+                          "--no-one-layer", "--model", str(tmp_path / "standin"), "--model-batch", "2", "--jobs", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| standin |")]
+    assert len(rows) == (4 if path.stem == "sdar" else 6), out.stdout
+    assert all(re.search(r"\| [\d.]+% \| [\d.]+ \|$", row) for row in rows), rows  # quality, wall seconds
+    assert "trained (" in out.stdout and "held-out task:cycle questions" in out.stdout

@@ -63,7 +63,7 @@ def test_completion_mask_stops_after_first_stop_token(engine):
         hook.remove()
     is_stop = torch.isin(r.completion_ids, torch.tensor(fam.stop_ids))
     assert is_stop.any(-1).all()
-    for ids, mask in zip(r.completion_ids, r.completion_mask):
+    for ids, mask in zip(r.completion_ids, r.completion_mask, strict=True):
         first = int(torch.isin(ids, torch.tensor(fam.stop_ids)).nonzero()[0])
         assert mask[: first + 1].all() and not mask[first + 1:].any()
     assert r.num_tokens == int(r.completion_mask.sum())

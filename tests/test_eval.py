@@ -183,6 +183,32 @@ def test_reports_and_comparison(tmp_path):
     assert "| gsm8k | 0.2500 | 0.5000 |" in table and (tmp_path / "c.png").stat().st_size > 1000
 
 
+def test_comparison_plot_is_readable(tmp_path):
+    """Short run names from the paths' distinguishing part, a value on every bar, the legend outside the axes."""
+    reports = []
+    for name, acc in (("base", 0.25), ("d1", 0.5), ("cj-grpo", 0.625)):
+        folder = tmp_path / "outputs" / f"eval-llada-{name}"
+        folder.mkdir(parents=True)
+        report.write_report(folder, {"gsm8k": {"accuracy": acc}, "math500": {"accuracy": acc / 2}}, {"model": "m"})
+        reports.append(str(folder / "report.json"))
+    table = report.compare(reports, str(tmp_path / "c.png"))
+    assert table.startswith("| benchmark | base | d1 | cj-grpo |") and f"- d1: m ({reports[1]})" in table
+    assert report.run_names(["a/run1/report.json", "a/run2/report.json"]) == ["run1", "run2"]
+    assert report.run_names(["x/llada/base/report.json", "x/sdar/base/report.json"]) == ["llada", "sdar"]
+    runs = [json.loads(Path(r).read_text()) for r in reports]
+    fig = report.plot_comparison(str(tmp_path / "c2.png"), ["base", "d1", "cj-grpo"], ["gsm8k", "math500"], runs,
+                                 "accuracy")
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["base", "d1", "cj-grpo"]
+    renderer = fig.canvas.get_renderer()
+    assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # right of the bars
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == sorted(["0.25", "0.50", "0.62", "0.12", "0.25", "0.31"])  # a value on every bar
+    width, height = fig.get_size_inches()
+    assert 4 <= width <= 12 and 3 <= height <= 6
+
+
 def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="Unknown benchmark 'nope'; known: .*gsm8k.*task:addition"):
         benchmarks.load_benchmark("nope")

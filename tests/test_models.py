@@ -368,8 +368,8 @@ def test_moe_layer_matches_per_token_reference(family):
     with torch.no_grad():
         out = moe(h)
         weights, idx = moe.route(h.view(-1, h.shape[-1]))
-        ref = torch.stack([sum(w * moe.experts[int(e)](t) for w, e in zip(ws, es))
-                           for t, ws, es in zip(h.view(-1, h.shape[-1]), weights, idx)])
+        ref = torch.stack([sum(w * moe.experts[int(e)](t) for w, e in zip(ws, es, strict=True))
+                           for t, ws, es in zip(h.view(-1, h.shape[-1]), weights, idx, strict=True)])
         if family == "llada2":
             ref = ref + moe.shared_experts(h.view(-1, h.shape[-1]))
     assert torch.allclose(out.view(-1, h.shape[-1]), ref, atol=1e-6)
@@ -410,3 +410,13 @@ def test_tiny_builds_fast_and_small(family):
     model, _ = tiny(family, seed=1)
     assert time.perf_counter() - t < 2.0
     assert sum(p.numel() for p in model.parameters()) * 4 < 8e6
+
+
+def test_tiny_name_takes_config_overrides():
+    from dare.models import load_pretrained
+    model, _, fam = load_pretrained("tiny:sdar:hidden_size=32,num_hidden_layers=3,head_dim=8,block_size=8")
+    assert (model.config.hidden_size, model.config.num_hidden_layers, fam.block_size) == (32, 3, 8)
+    with pytest.raises(ValueError, match="not key=value"):
+        load_pretrained("tiny:llada:d_model")
+    with pytest.raises(ValueError, match=r"Unknown llada config field\(s\) \[.d_modl.\] in .tiny:llada:d_modl=3."):
+        load_pretrained("tiny:llada:d_modl=3")

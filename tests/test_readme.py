@@ -1,7 +1,11 @@
 """The README stays true: its Python example runs and its shell commands name files that exist."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -21,6 +25,7 @@ def test_commands_refer_to_real_files():
     for script in re.findall(r"python ([\w/]+\.py)", shell):
         assert (ROOT / script).exists(), script
     assert "python -m pytest -q" in shell and "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+    assert "python -m ruff check ." in shell and "python -m ruff check ." in (ROOT / ".ci" / "run").read_text()
     for recipe in re.findall(r"--config (\S+)", shell):
         assert (ROOT / recipe).exists(), recipe
     for req in re.findall(r"-r (\S+)", shell):
@@ -97,3 +102,11 @@ def test_algorithm_matrix_is_generated_from_the_registry():
     from dare.algos import matrix
     block = README.split("<!-- algorithm-matrix -->\n")[1].split("<!-- /algorithm-matrix -->")[0]
     assert block == matrix(), "README's algorithm matrix is stale: paste the output of `python -m dare.algos`"
+
+
+def test_linter_is_clean():
+    """The README's lint command (ruff, configured in pyproject.toml: pyflakes, bugbear, pyupgrade, ...) finds
+    nothing."""
+    pytest.importorskip("ruff")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:]

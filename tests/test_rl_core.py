@@ -4,8 +4,8 @@ d1 one-step mean-field estimator's properties on every tiny family."""
 import pytest
 import torch
 
-from dare.algos.core import clipped_token_loss, group_advantages, kl_estimate, token_mean
 from dare.algos import get_algorithm
+from dare.algos.core import clipped_token_loss, group_advantages, kl_estimate, token_mean
 from dare.likelihood import MeanField, estimator, rollout_attention
 from dare.models import Family, tiny
 
@@ -116,7 +116,7 @@ def test_d1_first_pass_ratio_is_one_and_gradient_is_reinforce(family_name):
     grads = torch.autograd.grad(loss, params, retain_graph=True)
     reinforce = -(adv[:, None] * estimate.logp * mask).sum() / mask.sum()
     ref = torch.autograd.grad(reinforce, params)
-    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, ref))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, ref, strict=True))
     assert any(a.abs().sum() > 0 for a in grads)
 
 

@@ -313,7 +313,7 @@ def test_block_schedule_and_block_order(name):
         assert torch.equal(out.replay_ids[r, :gen_length], out.sequences[r])
         block_of = (p_len + torch.arange(decoded.shape[0]))[decoded] // b
         local = out.replay_step[r][decoded]
-        for k, blk in enumerate(block_of.unique().tolist()):
+        for blk in block_of.unique().tolist():
             sel = block_of == blk
             assert torch.bincount(local[sel], minlength=steps).tolist() == official_block_counts(int(sel.sum()), b,
                                                                                                  steps)
@@ -490,7 +490,7 @@ def test_masked_cache_approximation_is_bounded(name, cache):
     out = generate(probe, fam, ids, mask, SamplingConfig(gen_length=32, block_length=8, steps=8, cache=cache))
     assert not (out.sequences == fam.mask_id).any()
     assert len(probe.err) == 4 * 4
-    ratios = [e / m for e, m in zip(probe.err, probe.moved)]
+    ratios = [e / m for e, m in zip(probe.err, probe.moved, strict=True)]
     mean = sum(ratios) / len(ratios)
     assert 0.05 < mean < 0.3, mean  # really an approximation, and a good one
     assert max(ratios) < 0.7, max(ratios)

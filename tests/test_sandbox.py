@@ -118,8 +118,10 @@ def procs_with(token: str) -> list[int]:
     found = []
     for p in os.listdir("/proc"):
         try:
-            if p.isdigit() and token in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace"):
-                found.append(int(p))
+            if p.isdigit():
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if token in f.read().decode(errors="replace"):
+                        found.append(int(p))
         except OSError:
             pass
     return found
@@ -261,7 +263,8 @@ def test_caller_files_out_of_reach(caller):
     outcome = json.loads(r.stdout.splitlines()[-1])
     assert "done" not in outcome.values() and SECRET not in r.stdout + r.stderr, outcome
     assert sorted(os.listdir(home)) == ["precious.txt", "secret.txt"]
-    assert open(os.path.join(home, "precious.txt")).read() == "precious" and os.stat(home).st_mode & 0o777 == 0o700
+    with open(os.path.join(home, "precious.txt")) as f:
+        assert f.read() == "precious" and os.stat(home).st_mode & 0o777 == 0o700
     assert not os.path.exists("/etc/dare-pwned")
 
 

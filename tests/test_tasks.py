@@ -1,6 +1,7 @@
 """Generated tasks: real-data schema, determinism, disjoint splits, and reference solutions that are correct."""
 
 import ast
+import itertools
 import json
 import re
 
@@ -47,10 +48,10 @@ def test_sudoku_solutions_are_valid_and_match_the_puzzle():
     for row in make_task("sudoku", 200, seed=2):
         grid, puzzle = row["reward_model"]["ground_truth"], row["extra_info"]["puzzle"]
         cells = [[int(grid[4 * r + c]) for c in range(4)] for r in range(4)]
-        groups = cells + [list(col) for col in zip(*cells)] + [
+        groups = cells + [list(col) for col in zip(*cells, strict=True)] + [
             [cells[r][c] for r in (br, br + 1) for c in (bc, bc + 1)] for br in (0, 2) for bc in (0, 2)]
         assert all(sorted(g) == [1, 2, 3, 4] for g in groups)
-        assert all(p in ("0", s) for p, s in zip(puzzle, grid)) and puzzle.count("0") == 6
+        assert all(p in ("0", s) for p, s in zip(puzzle, grid, strict=True)) and puzzle.count("0") == 6
 
 
 def test_arithmetic_answers():
@@ -87,3 +88,24 @@ def test_reference_solutions_earn_full_reward(name, reward_name):
         assert (result.score, result.acc) == (1.0, 1.0), (row["extra_info"]["solution"], result)
     wrong = fn("<answer>\n1\n</answer> \\boxed{-999}", rows[0]["reward_model"]["ground_truth"], rows[0]["extra_info"])
     assert wrong.score < 1.0
+
+
+def test_cycle_answers_follow_the_word_cycle():
+    from dare.data.tasks import WORDS
+    for row in make_task("cycle", 100):
+        first, n = re.search(r"cycle from (\w+) for (\d+) words", row["prompt"][0]["content"]).groups()
+        words = row["extra_info"]["solution"].split(". The answer")[0].split()
+        assert words[0] == first and len(words) == int(n) and 60 <= len(words) <= 100
+        assert all(WORDS[(WORDS.index(a) + 1) % len(WORDS)] == b for a, b in itertools.pairwise(words))
+        assert row["reward_model"]["ground_truth"] == words[-1] and row["extra_info"]["solution"].endswith(
+            f"\\boxed{{{words[-1]}}}.")
+
+
+def test_task_paths_load_as_rows_with_disjoint_splits():
+    train, test = load_rows("task:cycle"), load_rows("task:cycle", "test")
+    assert (len(train), len(test)) == (10_000, 500)
+    assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_rows("task:cycle", "validation")
+    with pytest.raises(ValueError, match="Unknown task 'nope'"):
+        load_rows("task:nope")

@@ -119,3 +119,22 @@ def test_unknown_family_is_refused(tmp_path, arithmetic):
                                  vocab_size=64)).save_pretrained(tmp_path / "llama")
     with pytest.raises(ValueError, match="Unknown model family 'llama'"):
         train_sft.main(args_for(arithmetic, tmp_path / "out", model=str(tmp_path / "llama"), max_steps=1))
+
+
+def test_held_out_loss_is_logged_with_fixed_masks_and_leaves_training_unchanged(tmp_path):
+    """With data.eval_path, eval_loss is logged every eval_steps on held-out questions (task:addition's test split),
+    falls as the model learns, uses the same masks every time (evaluating one model twice gives the same number) and
+    does not touch the training run (the weights equal those of a run without evaluation)."""
+    def sft(out, eval_path=None, **kw):
+        args = args_for("task:addition", out, max_steps=60, save_steps=60, per_device_train_batch_size=16, **kw)
+        args.data.prompt_key, args.data.response_key = "prompt", "extra_info.solution"
+        args.data.eval_path, args.data.eval_limit = eval_path, 32
+        return args, train_sft.main(args)
+
+    args, trainer = sft(tmp_path / "eval", "task:addition", eval_steps=20)
+    evals = [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
+    assert [s for s, _ in evals] == [20, 40, 60] and evals[-1][1] < evals[0][1], evals
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.evaluate()["eval_loss"], abs=0)
+    _, plain = sft(tmp_path / "plain")
+    for (name, a), b in zip(trainer.model.state_dict().items(), plain.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -353,9 +353,10 @@ def test_dtreerpo_self_distillation_targets():
 def test_cj_transition_weights_do_not_depend_on_micro_batches(tmp_path):
     """Sanity 3 of §3.5: with DARE's block-diffusion transition weights (each sample's transitions weigh 1 in all,
     averaged over samples) one SGD step is the same for micro-batches of 8 and 2."""
+    from test_train_rl import rl_args, weights
+
     import train_rl
     from dare.data.tasks import write_task
-    from test_train_rl import rl_args, weights
     data = (write_task("addition", str(tmp_path / "train.jsonl"), 16, 0, "train"), None)
     for micro in (8, 2):
         train_rl.main(rl_args(data, tmp_path / str(micro), algo="cj-grpo", model="tiny:sdar", micro_batch_size=micro,

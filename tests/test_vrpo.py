@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from test_train_rl import history, set_fields, weights
 
 import train_rl
 from dare.algos import get_algorithm, matrix
@@ -24,7 +25,6 @@ from dare.data.preference import PreferenceCollator, PreferenceDataConfig, make_
 from dare.engines import encode
 from dare.models import Family, tiny
 from dare.trainers import COMPLETE
-from test_train_rl import history, set_fields, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 LN2 = math.log(2.0)
@@ -133,7 +133,7 @@ def test_policy_and_reference_see_identical_masks(family, monkeypatch, tmp_path)
     assert [grad for grad, _ in calls] == ([False] * 4 + [True] * 8) * 2
     for m in range(2):
         reference, policy, again = (calls[12 * m + 4 * k: 12 * m + 4 * k + 4] for k in range(3))
-        assert all(torch.equal(a[1], b[1]) for a, b in zip(policy, reference))
+        assert all(torch.equal(a[1], b[1]) for a, b in zip(policy, reference, strict=True))
         assert sorted(int(ids.sum()) for _, ids in again) == sorted(int(ids.sum()) for _, ids in policy)
     policy = [ids for grad, ids in calls if grad]
     model, tok = tiny(family)
@@ -141,8 +141,9 @@ def test_policy_and_reference_see_identical_masks(family, monkeypatch, tmp_path)
     assert len({int((ids == mask_id).sum()) for ids in policy}) > 1  # the draws differ from each other
 
 
-def saved_bytes(fn):
-    """Bytes of the tensors autograd keeps for backward while ``fn()`` runs (what grows with the graph)."""
+def saved_bytes(fn, *args):
+    """``fn(*args)`` and the bytes of the tensors autograd keeps for backward while it runs (what grows with the
+    graph)."""
     total = [0]
 
     def pack(t):
@@ -150,7 +151,7 @@ def saved_bytes(fn):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
+        out = fn(*args)
     return out, total[0]
 
 
@@ -166,7 +167,7 @@ def test_streamed_draws_give_the_same_gradient_and_keep_no_graph_per_draw(family
             noise = draw(vrpo, fam, batch)
             with torch.no_grad():
                 reference = vrpo.elbo(perturbed(model), fam, batch, noise)
-            policy, kept[samples, stream] = saved_bytes(lambda: vrpo.elbo(model, fam, batch, noise))
+            policy, kept[samples, stream] = saved_bytes(vrpo.elbo, model, fam, batch, noise)
             losses, _ = vrpo.loss(policy, reference)
             losses.mean().backward()
             grads[stream] = (losses.detach(), [p.grad.clone() for p in model.parameters()])
@@ -189,9 +190,9 @@ def test_stratified_counts_cover_one_to_l():
         assert (counts >= 1).all() and (counts <= lengths).all()
         assert torch.equal(noise["p"], counts.double() / lengths)
         assert not (noise["masks"] & ~valid[:, None]).any()
-        for row, length in zip(counts.tolist(), lengths[:, 0].tolist()):
+        for row, length in zip(counts.tolist(), lengths[:, 0].tolist(), strict=True):
             ordered = sorted(row)
-            gaps = [b - a for a, b in zip(ordered, ordered[1:])] + [ordered[0] + length - ordered[-1]]
+            gaps = [b - a for a, b in itertools.pairwise(ordered)] + [ordered[0] + length - ordered[-1]]
             assert set(gaps) <= {length // 4, -(-length // 4)}, (row, length)
     m = len(batch["index"])
     assert not torch.equal(noise["masks"][:m], noise["masks"][m:])
@@ -302,7 +303,7 @@ def test_generated_pairs_hold_out_their_questions():
         assert p["rejected"].startswith("The answer is \\boxed{")
     assert make_pairs("arithmetic", 3) == make_pairs("arithmetic", 3)  # deterministic
     grid = make_pairs("sudoku", 1)[0]
-    assert sum(a != b for a, b in zip(grid["chosen"], grid["rejected"])) == 1
+    assert sum(a != b for a, b in zip(grid["chosen"], grid["rejected"], strict=True)) == 1
 
 
 def test_truncation_keeps_the_prompt_end_and_the_response_start():

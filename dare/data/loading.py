@@ -1,4 +1,4 @@
-"""Rows from a local parquet / jsonl / json file (or a folder of them) or a hub dataset name."""
+"""Rows from a local parquet / jsonl / json file (or a folder of them), a hub dataset name, or a generated task."""
 
 from pathlib import Path
 
@@ -7,10 +7,20 @@ import datasets
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 
 
+TASK_ROWS = {"train": 10_000, "test": 500}  # rows drawn from a generated task per split
+
+
 def load_rows(path: str, split: str = "train") -> datasets.Dataset:
-    """A local file (parquet/jsonl/json), a folder of such files, or a hub dataset name (``name`` or ``name:config``)."""
+    """A local file (parquet/jsonl/json), a folder of such files, a hub dataset name (``name`` or ``name:config``),
+    or ``task:<name>``: rows of a generated task (``dare.data.tasks``; 10,000 for ``train``, 500 held-out questions
+    for ``test``, seed 0)."""
     local = Path(path)
-    if local.is_dir():
+    if path.startswith("task:"):
+        from .tasks import make_task
+        if split not in TASK_ROWS:
+            raise ValueError(f"{path}: split must be one of {sorted(TASK_ROWS)}, got {split!r}")
+        rows = datasets.Dataset.from_list(make_task(path[5:], TASK_ROWS[split], 0, split))
+    elif local.is_dir():
         files = sorted(str(f) for f in local.iterdir() if f.suffix in _BUILDERS)
         if not files:
             raise ValueError(f"No .parquet/.jsonl/.json files in {path}")

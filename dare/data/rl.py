@@ -19,9 +19,9 @@ class RLDataConfig:
     path: str = "../shared/data/rl/train/gsm8k_1.parquet"  # parquet/jsonl/json file or folder, or hub name; a,b = both
     split: str = "train"  # hub datasets only
     eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
-    eval_split: str = "test"
+    eval_split: str = "test"  # split of a hub eval dataset
     prompt_key: str = "prompt"  # text or a list of chat messages; a.b = nested
-    answer_key: str = "reward_model.ground_truth"
+    answer_key: str = "reward_model.ground_truth"  # column holding the ground truth the reward compares with
     source_key: str = "data_source"  # "" = every row is source "default"
     extra_key: str = "extra_info"  # optional dict handed to the reward (numbers, puzzle, tests...)
     system_prompt: str | None = None  # prepended as a system message to plain-text prompts

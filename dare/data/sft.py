@@ -26,6 +26,9 @@ class SFTDataConfig:
     truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
     pad_to: str = "max_length"  # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
     limit: int | None = None  # use only the first N rows
+    eval_path: str | None = None  # held-out examples (same formats and keys as path): eval_loss every eval_steps
+    eval_split: str = "test"  # split of a hub eval dataset (task:<name>: test = the held-out questions)
+    eval_limit: int | None = None  # use only the first N held-out rows
 
 
 def as_messages(prompt, system_prompt):
@@ -91,5 +94,5 @@ def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):
                    desc="tokenizing")
     cut = sum(out["truncated"])
     if cut:
-        warnings.warn(f"{cut} of {len(out)} examples were truncated to max_length={config.max_length}")
+        warnings.warn(f"{cut} of {len(out)} examples were truncated to max_length={config.max_length}", stacklevel=2)
     return out

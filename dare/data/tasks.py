@@ -87,7 +87,23 @@ def sudoku(rng: random.Random, index: int, split: str, empty: int = 6) -> dict:
                 puzzle=puzzle)
 
 
-TASKS = {"addition": addition, "arithmetic": arithmetic, "countdown": countdown, "sudoku": sudoku, "sum4": sum4}
+WORDS = ("and answer apples are as assistant by clips day final for give has he hours in is it many meters miles of "
+         "return result she so sold square step sum the travels your").split()  # one token each in the tiny tokenizers
+
+
+def cycle(rng: random.Random, index: int, split: str) -> dict:
+    """Continue the fixed cycle of ``WORDS`` (each one token in the tiny tokenizers) from a given word for 60-100
+    words: long answers (70-110 tokens) in which each word follows from the one before, which a small model learns
+    to write confidently in minutes, for decoding-speed figures on a trained model (``recipes/standin``). The answer
+    is the last word."""
+    first, n = rng.randrange(len(WORDS)), rng.randint(60, 100)
+    words = [WORDS[(first + i) % len(WORDS)] for i in range(n)]
+    return _row("cycle", index, split, f"Continue the word cycle from {words[0]} for {n} words. Put the last one in "
+                "\\boxed{}.", words[-1], f"{' '.join(words)}. The answer is \\boxed{{{words[-1]}}}.")
+
+
+TASKS = {"addition": addition, "arithmetic": arithmetic, "cycle": cycle, "countdown": countdown, "sudoku": sudoku,
+         "sum4": sum4}
 TEST_SHARE = 10  # one question in TEST_SHARE is a test question
 
 

@@ -6,6 +6,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..models.family import max_positions
 from ..sampling import SamplingConfig, generate
 from ..sampling.primitives import after_first
 from .base import Rollout
@@ -30,7 +31,7 @@ def decode_completions(tokenizer, family, completion: torch.Tensor, generated: t
     mask = ~after_first(is_stop)
     if generated is not None:
         mask &= generated
-    texts = [tokenizer.decode(c[m & ~s], skip_special_tokens=True) for c, m, s in zip(completion, mask, is_stop)]
+    texts = [tokenizer.decode(c[m & ~s], skip_special_tokens=True) for c, m, s in zip(completion, mask, is_stop, strict=True)]
     return mask.long(), texts
 
 
@@ -55,6 +56,7 @@ class HFEngine:
             raise ValueError("No prompts given.")
         if any(len(p) == 0 for p in ids):
             raise ValueError("Empty prompt: every prompt needs at least one token.")
+        config.check(self.family, "sampling", max(map(len, ids)), max_positions(self.model.config))
         parts, start = [], time.perf_counter()
         was_training = self.model.training
         self.model.eval()
@@ -83,7 +85,7 @@ class HFEngine:
                 g.predictions += [g.states[-1]] * extra if g.predictions else []
                 g.confidences += [torch.zeros_like(g.confidences[-1])] * extra if g.confidences else []
                 g.states += [g.states[-1]] * extra
-        steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts])]  # noqa: E731
+        steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts], strict=True)]  # noqa: E731
         replay = parts[0][2].replay_ids is not None
         return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,
                        torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),

@@ -11,9 +11,9 @@ yet scored on ``\\boxed{}``: they get the boxed instruction the hub rows carry t
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..data import RLDataConfig, prompt_rows
 from ..data.rl import instruct

@@ -168,7 +168,7 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
         total = max(sum(lengths), 1)
         forwards = rollout.nfe / math.ceil(len(expanded) / engine.max_batch_size)  # the engine's micro-batches
         with out.open("a") as f:
-            for j, (row, text, result, tokens) in enumerate(zip(expanded, rollout.texts, results, lengths)):
+            for j, (row, text, result, tokens) in enumerate(zip(expanded, rollout.texts, results, lengths, strict=True)):
                 index, sample = batch[j // samples], j % samples
                 share = tokens / total
                 f.write(json.dumps({"bench": bench, "index": index, "sample": sample, "source": row["data_source"],

@@ -48,7 +48,7 @@ def mistake_pairs(model_dir: str, task: str, n: int, gen_length: int = 12, seed:
     rollout = _engine(model_dir).generate([r["prompt"] for r in rows], 1, sampling, seed=seed)
     scores = [r.score for r in RewardRouter(["auto"]).score(rollout.texts, rows)]
     pairs = [{"prompt": row["prompt"], "chosen": row["extra_info"]["solution"], "rejected": text}
-             for row, text, score in zip(rows, rollout.texts, scores) if score <= 0 and text.strip()]
+             for row, text, score in zip(rows, rollout.texts, scores, strict=True) if score <= 0 and text.strip()]
     if len(pairs) < n:
         raise ValueError(f"{model_dir} answered too many of {len(rows)} {task} questions right for {n} pairs")
     return pairs[:n]
@@ -61,5 +61,5 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def paired(before: list[float], after: list[float]) -> dict:
     """The mean change over the same questions, its standard error, and the change in standard errors (``z``)."""
-    gain, se = mean_se([a - b for a, b in zip(after, before)])
+    gain, se = mean_se([a - b for a, b in zip(after, before, strict=True)])
     return {"gain": gain, "se": se, "z": gain / se if se else 0.0}

@@ -66,6 +66,6 @@ class DARECompassModel(BaseModel):
     def get_ppl(self, inputs: list[str], mask_length: list[int] | None = None) -> list[float]:
         ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in inputs]
         cuts = [min(mask_length[i] if mask_length else 0, len(x) - 1) for i, x in enumerate(ids)]
-        elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts)],
-                           [x[c:] for x, c in zip(ids, cuts)], self.elbo_samples, self.seed)
-        return [float(-e / (len(x) - c)) for e, x, c in zip(elbo, ids, cuts)]
+        elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts, strict=True)],
+                           [x[c:] for x, c in zip(ids, cuts, strict=True)], self.elbo_samples, self.seed)
+        return [float(-e / (len(x) - c)) for e, x, c in zip(elbo, ids, cuts, strict=True)]

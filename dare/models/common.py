@@ -1,10 +1,18 @@
 """What every family shares: the config clean-up, rotary embedding, gated MLP, sparse MoE, the backbone forward
-(positions -> family attention mask -> layers -> final norm) and the LM wrapper.
+(positions -> family attention mask -> layers -> final norm), the LM wrapper, and the code a saved folder ships.
 
 A family file only declares its modules under the official names and, where needed, its own attention or router.
+
+A saved folder carries its own code, as custom architectures on the Hub do: ``config.json`` gets an ``auto_map`` naming
+``modeling_<family>.py`` (a copy of the family file) plus the sibling files it imports (this file, ``masks.py``), so it
+loads with ``trust_remote_code=True`` where DARE is not installed. The shipped files must stay self-contained: only
+``from .module import name`` relative imports (the form transformers follows) and no absolute ``dare`` imports.
 """
 
+import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -15,17 +23,75 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from . import masks
+from .masks import additive, positions_from_padding, visible
+
+# True in DARE itself, False in the copy shipped with a saved folder (imported by transformers as remote code)
+IN_DARE = __name__.startswith("dare.")
 
 
 def clean_checkpoint_kwargs(kwargs: dict) -> dict:
-    """Drop config.json keys that only make sense for the official remote code: its ``auto_map`` (we load without
-    ``trust_remote_code``) and a hard-coded ``attn_implementation`` (flash/flex there; the caller chooses here)."""
-    for key in ("auto_map", "attn_implementation"):
+    """Drop config.json keys that only make sense for remote code: its ``auto_map`` (DARE loads without
+    ``trust_remote_code``; the shipped copy keeps it, transformers finds this very code through it) and a hard-coded
+    ``attn_implementation`` (flash/flex there; the caller chooses here)."""
+    for key in ("auto_map", "attn_implementation") if IN_DARE else ("attn_implementation",):
         kwargs.pop(key, None)
     if "rope_scaling" in kwargs and kwargs["rope_scaling"] is None:
         del kwargs["rope_scaling"]
     return kwargs
+
+
+# relative imports transformers follows when it copies remote code, and the forms it would miss
+_SIBLING_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\b", re.MULTILINE)
+_UNSHIPPABLE = re.compile(r"^\s*(from\s+\.(?!\w)|from\s+dare\b|import\s+dare\b)", re.MULTILINE)
+
+
+def ship_code(config, folder) -> dict[str, str]:
+    """Write the family file of ``config`` into ``folder`` as ``modeling_<family>.py``, with the sibling files it
+    imports (recursively, under their own names); return the ``auto_map`` naming its config and LM classes (the LM
+    class for both AutoModel and AutoModelForCausalLM, as ``dare.models`` registers them)."""
+    module = sys.modules[type(config).__module__]
+    shipped = f"modeling_{module.__name__.rpartition('.')[2]}"
+    files, todo = {}, [(Path(module.__file__), shipped)]
+    while todo:
+        path, name = todo.pop()
+        if path in files:
+            continue
+        text = path.read_text()
+        if bad := _UNSHIPPABLE.search(text):
+            raise ValueError(f"dare/models/{path.name} cannot be shipped with a checkpoint: {bad[0].strip()!r} "
+                             "(shipped files import their siblings as `from .module import name`, never dare)")
+        files[path] = name
+        todo += [(path.with_name(f"{dep}.py"), dep) for dep in _SIBLING_IMPORT.findall(text)]
+    for path, name in files.items():
+        header = (f"# Copied by DARE from dare/models/{path.name}, so that this folder loads with "
+                  "trust_remote_code=True where DARE is not installed.\n")
+        (Path(folder) / f"{name}.py").write_text(header + path.read_text())
+    lm = next(c for c in vars(module).values()
+              if isinstance(c, type) and issubclass(c, DiffusionLM) and c.config_class is type(config))
+    return {"AutoConfig": f"{shipped}.{type(config).__name__}", "AutoModel": f"{shipped}.{lm.__name__}",
+            "AutoModelForCausalLM": f"{shipped}.{lm.__name__}"}
+
+
+class DiffusionConfigMixin:
+    """First base of every family config: ``save_pretrained`` (which every model save, Trainer checkpoint and merged
+    export goes through) also ships the family's code and names it in ``config.json``'s ``auto_map``. The in-memory
+    config is left as it was. The shipped copy does nothing extra (transformers re-ships remote code itself), nor
+    does a subclass defined outside dare.models (its code is not ours to ship)."""
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        if not IN_DARE or not type(self).__module__.startswith("dare.models."):
+            return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        missing = object()
+        previous = self.__dict__.get("auto_map", missing)
+        self.auto_map = ship_code(self, save_directory)
+        try:
+            return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        finally:
+            if previous is missing:
+                del self.auto_map
+            else:
+                self.auto_map = previous
 
 
 class RotaryEmbedding(nn.Module):
@@ -186,7 +252,7 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
                 raise ValueError(
                     f"attention_mask must cover cached + current tokens: expected {(batch, past + length)}, "
                     f"got {tuple(attention_mask.shape)}")
-            all_pos = masks.positions_from_padding(attention_mask)
+            all_pos = positions_from_padding(attention_mask)
             k_valid = None if bool(attention_mask.all()) else attention_mask.bool()
         else:
             all_pos = torch.arange(past + length, device=h.device).expand(batch, -1)
@@ -199,10 +265,10 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
                 raise ValueError(f"key_position_ids must cover cached + current tokens ({past + length}), "
                                  f"got {key_position_ids.shape[-1]}")
             k_pos = key_position_ids.expand(batch, -1)
-        ok = masks.visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
+        ok = visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
         if self.config._attn_implementation.startswith("flash"):
             return position_ids, self._flash_mask(ok, attention_mask)
-        return position_ids, masks.additive(ok, h.dtype)
+        return position_ids, additive(ok, h.dtype)
 
     def _flash_mask(self, ok, attention_mask):
         """flash-attn takes no arbitrary mask: padding goes as the 2-D mask (varlen), block structure cannot."""
@@ -222,6 +288,15 @@ class DiffusionLM(DiffusionPreTrainedModel):
 
     _tied_weights_keys: dict = {}
 
+    @classmethod
+    def can_generate(cls) -> bool:
+        return False  # no left-to-right generate(): diffusion LMs decode with dare.sampling
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        """Only looked up (never called) by PEFT's causal-LM wrapper (``AutoPeftModelForCausalLM``)."""
+        raise NotImplementedError(f"{type(self).__name__} is a diffusion LM: decode with dare.sampling or "
+                                  "evaluate.py, not transformers' left-to-right generate()")
+
     def get_output_embeddings(self):
         return self.lm_head
 
@@ -236,6 +311,12 @@ class DiffusionLM(DiffusionPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=False, logits_to_keep: int | torch.Tensor = 0, **kwargs):
+        # the standard causal-LM arguments that wrappers (PEFT's PeftModelForCausalLM) pass, as None by default
+        kwargs.pop("return_dict", None)
+        for key in ("labels", "output_attentions", "output_hidden_states"):
+            if (value := kwargs.pop(key, None)) is not None and value is not False:
+                raise NotImplementedError(f"{type(self).__name__}.forward does not take {key}= (losses live in "
+                                          "dare.objectives; the forward returns logits only)")
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, **kwargs)
@@ -249,5 +330,5 @@ class DiffusionLM(DiffusionPreTrainedModel):
 
 __all__ = [
     "DiffusionBackbone", "DiffusionLM", "DiffusionPreTrainedModel", "GatedMLP", "RotaryEmbedding", "Router", "SparseMoE",
-    "apply_rotary", "attend", "clean_checkpoint_kwargs",
+    "apply_rotary", "attend", "clean_checkpoint_kwargs", "DiffusionConfigMixin", "ship_code",
 ]

@@ -8,11 +8,11 @@ from torch import nn
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from .common import DiffusionBackbone, DiffusionLM, RotaryEmbedding, clean_checkpoint_kwargs
+from .common import DiffusionBackbone, DiffusionConfigMixin, DiffusionLM, RotaryEmbedding, clean_checkpoint_kwargs
 
 
 @strict
-class DreamConfig(Qwen2Config):
+class DreamConfig(DiffusionConfigMixin, Qwen2Config):
     model_type = "Dream"
     mask_token_id: int | None = 151666
 

@@ -21,6 +21,11 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule")}
 
 
+def max_positions(config) -> int | None:
+    """The longest sequence the checkpoint was built for (``max_position_embeddings``; LLaDA: ``max_sequence_length``)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
+
+
 @dataclass(frozen=True)
 class Family:
     name: str                      # llada | dream | sdar | sdar_moe | llada2

@@ -11,11 +11,19 @@ from transformers import PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from .common import DiffusionBackbone, DiffusionLM, RotaryEmbedding, apply_rotary, attend, clean_checkpoint_kwargs
+from .common import (
+    DiffusionBackbone,
+    DiffusionConfigMixin,
+    DiffusionLM,
+    RotaryEmbedding,
+    apply_rotary,
+    attend,
+    clean_checkpoint_kwargs,
+)
 
 
 @strict
-class LLaDAConfig(PreTrainedConfig):
+class LLaDAConfig(DiffusionConfigMixin, PreTrainedConfig):
     """The official ``config.json`` fields (OLMo names) that the architecture uses; the rest is kept as given."""
 
     model_type = "llada"

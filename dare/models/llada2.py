@@ -12,12 +12,21 @@ from transformers import PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from .common import (DiffusionBackbone, DiffusionLM, GatedMLP, RotaryEmbedding, SparseMoE, apply_rotary, attend,
-                     clean_checkpoint_kwargs)
+from .common import (
+    DiffusionBackbone,
+    DiffusionConfigMixin,
+    DiffusionLM,
+    GatedMLP,
+    RotaryEmbedding,
+    SparseMoE,
+    apply_rotary,
+    attend,
+    clean_checkpoint_kwargs,
+)
 
 
 @strict
-class LLaDA2MoeConfig(PreTrainedConfig):
+class LLaDA2MoeConfig(DiffusionConfigMixin, PreTrainedConfig):
     model_type = "llada2_moe"
     vocab_size: int = 157184
     hidden_size: int = 2048

@@ -4,10 +4,11 @@ import json
 
 import torch
 import transformers
+import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import cached_file
 
-from .family import KNOWN, Family
+from .family import KNOWN, Family, max_positions  # noqa: F401 (max_positions: re-exported)
 
 # Tokenizer classes named by official tokenizer_config.json files that are remote code; the stock class loads them.
 _STOCK_TOKENIZER = {"DreamTokenizer": "Qwen2Tokenizer"}
@@ -16,7 +17,10 @@ _STOCK_TOKENIZER = {"DreamTokenizer": "Qwen2Tokenizer"}
 def load_tokenizer(name_or_path: str, **kwargs):
     """The tokenizer of an official or DARE checkpoint without ``trust_remote_code`` (its ``auto_map`` is skipped)."""
     config_file = cached_file(name_or_path, "tokenizer_config.json", _raise_exceptions_for_missing_entries=False)
-    class_name = json.load(open(config_file)).get("tokenizer_class") if config_file else None
+    class_name = None
+    if config_file:
+        with open(config_file) as f:
+            class_name = json.load(f).get("tokenizer_class")
     class_name = _STOCK_TOKENIZER.get(class_name, class_name)
     tokenizer_class = getattr(transformers, class_name, None) if class_name else None
     if tokenizer_class is None:
@@ -24,19 +28,55 @@ def load_tokenizer(name_or_path: str, **kwargs):
     return tokenizer_class.from_pretrained(name_or_path, **kwargs)
 
 
-def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
-                    **kwargs):
-    """``(model, tokenizer, family)`` for any supported checkpoint (official weights load into our classes).
-    ``tiny:<family>`` (e.g. ``tiny:sdar``) gives a random tiny model, for trying commands offline."""
+def parse_overrides(text: str) -> dict:
+    """``"d_model=256,n_layers=4"`` -> ``{"d_model": 256, "n_layers": 4}`` (values read as YAML scalars)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"tiny model override {item!r} is not key=value (e.g. tiny:llada:d_model=256,n_layers=4)")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _tiny_name(name: str) -> tuple[str, dict]:
+    """``tiny:<family>[:key=value,...]`` -> (family, config overrides); a key the config does not have is refused."""
+    from .tiny import tiny_parts
+    family, _, text = name.removeprefix("tiny:").partition(":")
+    overrides = parse_overrides(text)
+    known = tiny_parts(family)[0].to_dict()
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ValueError(f"Unknown {family} config field(s) {unknown} in {name!r}; known: {sorted(known)}")
+    return family, overrides
+
+
+def load_config(name_or_path: str):
+    """``(config, tokenizer, family)`` without the weights: every setting can be checked before they load."""
     if name_or_path.startswith("tiny:"):
-        from .tiny import tiny
-        model, tokenizer = tiny(name_or_path.removeprefix("tiny:"))
-        return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
+        from .tiny import tiny_parts
+        family, overrides = _tiny_name(name_or_path)
+        config, tokenizer = tiny_parts(family, **overrides)
+        return config, tokenizer, Family.from_pretrained(config, tokenizer)
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
     if config.model_type not in KNOWN:  # fail before downloading weights
         raise ValueError(f"Unknown model family {config.model_type!r} at {name_or_path}; known model_type values: "
                          f"{sorted(KNOWN)}")
+    tokenizer = load_tokenizer(name_or_path)
+    return config, tokenizer, Family.from_pretrained(config, tokenizer)
+
+
+def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
+                    **kwargs):
+    """``(model, tokenizer, family)`` for any supported checkpoint (official weights load into our classes).
+    ``tiny:<family>`` (e.g. ``tiny:sdar``) gives a random tiny model, for trying commands offline;
+    ``tiny:<family>:key=value,...`` overrides its config (``tiny:llada:d_model=256,n_layers=4``)."""
+    if name_or_path.startswith("tiny:"):
+        from .tiny import tiny
+        family, overrides = _tiny_name(name_or_path)
+        model, tokenizer = tiny(family, **overrides)
+        return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
+    config, tokenizer, _ = load_config(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype, attn_implementation=attn_implementation,
                                                  trust_remote_code=False, **kwargs)
-    tokenizer = load_tokenizer(name_or_path)
     return model, tokenizer, Family.from_pretrained(model.config, tokenizer)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 @dataclass
 class LoraArgs:
     rank: int = 0  # 0 = full fine-tuning
-    alpha: int = 16
-    dropout: float = 0.0
+    alpha: int = 16  # LoRA scaling numerator: updates are scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the LoRA input
     target_modules: str = "all-linear"  # or a comma-separated list, e.g. q_proj,v_proj
 
 
@@ -20,7 +20,9 @@ def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
     if gradient_checkpointing:
         model.enable_input_require_grads()
-    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none",
+    # task_type: the adapter folder then records CAUSAL_LM (not our class's module, which PEFT's import allowlist
+    # refuses), so peft.AutoPeftModelForCausalLM reloads it through AutoModelForCausalLM
+    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none", task_type="CAUSAL_LM",
                                             lora_dropout=lora.dropout, target_modules=targets))
 
 

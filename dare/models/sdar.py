@@ -11,11 +11,19 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3RMSNorm
 
-from .common import DiffusionBackbone, DiffusionLM, GatedMLP, RotaryEmbedding, SparseMoE, clean_checkpoint_kwargs
+from .common import (
+    DiffusionBackbone,
+    DiffusionConfigMixin,
+    DiffusionLM,
+    GatedMLP,
+    RotaryEmbedding,
+    SparseMoE,
+    clean_checkpoint_kwargs,
+)
 
 
 @strict
-class SDARConfig(Qwen3Config):
+class SDARConfig(DiffusionConfigMixin, Qwen3Config):
     model_type = "sdar"
     block_size: int = 4
     mask_token_id: int | None = 151669
@@ -25,7 +33,7 @@ class SDARConfig(Qwen3Config):
 
 
 @strict
-class SDARMoeConfig(Qwen3MoeConfig):
+class SDARMoeConfig(DiffusionConfigMixin, Qwen3MoeConfig):
     model_type = "sdar_moe"
     head_dim: int | None = None  # 128 in SDAR-30B-A3B although hidden / heads = 64
     block_size: int = 4

@@ -18,19 +18,24 @@ TINY = {
 }
 
 
-def tiny(family: str, seed: int = 0, **config_overrides):
-    """``(model, tokenizer)``: a random model of ``family`` (a few MB) and its tiny tokenizer, ids wired together."""
+def tiny_parts(family: str, **config_overrides):
+    """``(config, tokenizer)`` of a tiny ``family`` model, ids wired together (no weights built)."""
     if family not in TINY:
         raise ValueError(f"Unknown family {family!r}; known: {sorted(TINY)}")
-    make_config, model_class = TINY[family]
+    make_config = TINY[family][0]
     tok = tiny_tokenizer(family)
     mask = tok.mask_token or "<|mdm_mask|>"  # LLaDA's tokenizer declares no mask token: the id lives in the config
     ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask), eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    config = make_config(len(tok), **{**ids, **config_overrides})
+    return make_config(len(tok), **{**ids, **config_overrides}), tok
+
+
+def tiny(family: str, seed: int = 0, **config_overrides):
+    """``(model, tokenizer)``: a random model of ``family`` (a few MB) and its tiny tokenizer, ids wired together."""
+    config, tok = tiny_parts(family, **config_overrides)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = model_class(config)
+        model = TINY[family][1](config)
     return model.eval(), tok
 
 

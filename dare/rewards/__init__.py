@@ -11,8 +11,8 @@ sandbox of ``dare.rewards.sandbox``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

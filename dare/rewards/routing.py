@@ -64,7 +64,7 @@ class RewardRouter:
         results = [None] * len(rows)
         if blocking:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                for i, result in zip(blocking, pool.map(lambda i: self(completions[i], rows[i]), blocking)):
+                for i, result in zip(blocking, pool.map(lambda i: self(completions[i], rows[i]), blocking), strict=True):
                     results[i] = result
         for i, row in enumerate(rows):
             if results[i] is None:

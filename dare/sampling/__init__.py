@@ -5,7 +5,7 @@ dynamic unmasking). Every sampler returns the trajectory (the step at which each
     out = generate(model, family, prompt_ids, prompt_mask, SamplingConfig(gen_length=256, steps=256))
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -23,8 +23,8 @@ class SamplingConfig:
     block_length: int | None = None  # masked: semi-AR block (divides gen_length); block families: model block size
     steps: int | None = None  # masked: total denoising steps; block families: steps per block
     temperature: float = 0.0  # 0 = greedy; else Gumbel-max sampling in float64
-    top_k: int | None = None
-    top_p: float | None = None
+    top_k: int | None = None  # sample among the k most likely tokens (None = all)
+    top_p: float | None = None  # nucleus sampling: the smallest set of tokens with this much probability (None = all)
     remasking: str | None = None  # confidence used to pick positions (CONFIDENCE, + "origin" for Dream); None = family's
     schedule: str | None = None  # tokens per step: "linear" (LLaDA even split), "dream" (floor(m*(1-s/t))) or "ascending" (2^j, CJ-GRPO's ASS; default steps log2(block+1)); None = family's
     eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
@@ -75,6 +75,52 @@ class SamplingConfig:
         if self.remasking == "origin" and self.schedule != "dream":
             raise ValueError("remasking='origin' (independent per-position flips) needs schedule='dream'")
         return self
+
+    def check(self, family, where: str = "sampling", prompt_length: int = 0,
+              max_positions: int | None = None) -> "SamplingConfig":
+        """The resolved config, every refusal of the family's sampler raised now, named by ``where`` (before any
+        weights load), and the longest sequence it makes with a ``prompt_length``-token prompt checked against the
+        model's ``max_positions``."""
+        import warnings
+
+        from .block import plan_block
+        from .masked import plan_masked
+        try:
+            cfg = self.resolve(family).validate()
+            (plan_block if family.is_block_diffusion else plan_masked)(cfg, family)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        total = prompt_length + cfg.gen_length
+        if family.is_block_diffusion:
+            block = family.block_size
+            total = -(-total // block) * block  # the last block is decoded whole
+            if cfg.gen_length % block:
+                warnings.warn(f"{where}: gen_length {cfg.gen_length} is not a multiple of {family.name}'s block size "
+                              f"{block}: the last block is decoded whole and the output cut to {cfg.gen_length} "
+                              "tokens, as the official sampler does", stacklevel=2)
+        if max_positions and total > max_positions:
+            raise ValueError(f"{where}: a {prompt_length}-token prompt + gen_length {cfg.gen_length} needs {total} "
+                             f"positions, more than the model's {max_positions} (max_position_embeddings); shorten "
+                             "the prompts (data.max_prompt_length drops longer ones) or gen_length")
+        return cfg
+
+
+@dataclass
+class SamplingOverrides:
+    """Validation decoding: the rollout's settings with these replaced (None: as the rollout)."""
+
+    gen_length: int | None = None  # tokens per answer
+    temperature: float | None = 0.0  # 0 = greedy (the validation default)
+    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    block_length: int | None = None  # masked: semi-AR block length
+    threshold: float | None = None  # parallel decoding confidence threshold
+    top_p: float | None = None  # nucleus sampling (1.0 = off)
+    top_k: int | None = None  # top-k sampling
+    remasking: str | None = None  # confidence that picks positions
+    cache: str | None = None  # masked: none | prefix | dual; block: block | none
+
+    def over(self, base: SamplingConfig) -> SamplingConfig:
+        return replace(base, **{k: v for k, v in asdict(self).items() if v is not None})
 
 
 def step_budget(config: SamplingConfig, family) -> int:
@@ -159,4 +205,4 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
                                to_step)
 
 
-__all__ = ["Generation", "SamplingConfig", "generate", "schedule_length", "step_budget"]
+__all__ = ["Generation", "SamplingConfig", "SamplingOverrides", "generate", "schedule_length", "step_budget"]

@@ -30,13 +30,22 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .cache import truncate
-from .primitives import (CONFIDENCE, after_first, ascending_schedule, ascending_steps, ban, decode_step, eos_factor,
-                         linear_schedule)
+from .primitives import (
+    CONFIDENCE,
+    after_first,
+    ascending_schedule,
+    ascending_steps,
+    ban,
+    decode_step,
+    eos_factor,
+    linear_schedule,
+)
 
 
-def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
-    from . import Generation
-    block, length = family.block_size, cfg.gen_length
+def plan_block(cfg, family) -> int:
+    """Steps per block of a decoding with ``cfg``; every setting this sampler refuses raises here, before any model
+    runs."""
+    block = family.block_size
     if cfg.block_length not in (None, block):
         raise ValueError(f"{family.name} attends in blocks of {block}; block_length={cfg.block_length} needs a "
                          "checkpoint trained with that block size (set config.block_size)")
@@ -46,6 +55,13 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     steps = cfg.steps or (ascending_steps(block) if cfg.schedule == "ascending" else block)
     if steps > block:
         raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
+    return steps
+
+
+def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
+    from . import Generation
+    block, length, cache_mode = family.block_size, cfg.gen_length, cfg.cache or "block"
+    steps = plan_block(cfg, family)
     dynamic = cfg.threshold is not None or cfg.factor is not None
     editing = cfg.editing_threshold is not None
     if (from_step or to_step is not None) and (dynamic or editing):

@@ -15,13 +15,21 @@ from transformers.cache_utils import DynamicCache
 
 from ..models.masks import positions_from_padding
 from .cache import move_tail, truncate
-from .primitives import (CONFIDENCE, ascending_schedule, ascending_steps, ban, decode_step, dream_count, eos_factor,
-                         linear_schedule)
+from .primitives import (
+    CONFIDENCE,
+    ascending_schedule,
+    ascending_steps,
+    ban,
+    decode_step,
+    dream_count,
+    eos_factor,
+    linear_schedule,
+)
 
 
-def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
-    from . import Generation
-    n_rows, p_len = prompt_ids.shape
+def plan_masked(cfg, family) -> tuple[int, int]:
+    """``(number of semi-AR blocks, total steps)`` of a decoding with ``cfg``; every setting this sampler refuses
+    raises here, before any model runs."""
     length = cfg.gen_length
     block = cfg.block_length or length
     cache_mode = cfg.cache or "none"
@@ -39,6 +47,15 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
         raise ValueError("editing_threshold (LLaDA2.1 editing) applies to block-diffusion families only")
     if cfg.cfg_scale and cache_mode != "none":
         raise ValueError("classifier-free guidance needs cache='none'")
+    return n_blocks, steps
+
+
+def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
+    from . import Generation
+    n_rows, p_len = prompt_ids.shape
+    length, cache_mode = cfg.gen_length, cfg.cache or "none"
+    n_blocks, steps = plan_masked(cfg, family)
+    block = length // n_blocks
     per_block = steps // n_blocks
     dynamic = cfg.threshold is not None or cfg.factor is not None
     mask_id, shift = family.mask_id, int(family.shift)

@@ -44,6 +44,13 @@ def finished(checkpoint: str) -> bool:
     return 0 < state.get("max_steps", 0) <= state["global_step"]
 
 
+def validated(checkpoint: str) -> bool:
+    """The checkpoint's own step was validated before it was saved (its log has that step's eval metrics)."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return any(h.get("step") == state["global_step"] and any(k.startswith("eval_") for k in h)
+               for h in state.get("log_history", []))
+
+
 def fit(trainer, resume: bool = False, merged_dir: str | None = None):
     """Train (with ``resume``: from the newest complete checkpoint), save the final model to ``output_dir`` and,
     for a LoRA model with ``merged_dir``, a merged plain-HF copy there. Resuming a run whose last checkpoint is its
@@ -52,6 +59,8 @@ def fit(trainer, resume: bool = False, merged_dir: str | None = None):
     checkpoint = latest_complete_checkpoint(output_dir) if resume else None
     if resume and checkpoint is None:
         print(f"--resume: no complete checkpoint in {output_dir}; starting from scratch")
+    if checkpoint and trainer.args.eval_on_start and validated(checkpoint):
+        trainer.args.eval_on_start = False  # validating that step again would log it twice
     if checkpoint and finished(checkpoint):
         print(f"--resume: {checkpoint} is the last step of a finished run; exporting it, training nothing")
         trainer._load_from_checkpoint(checkpoint)

@@ -22,18 +22,19 @@ from transformers import Trainer
 
 from ..data.preference import PreferenceCollator
 from .checkpoints import CompleteCheckpoints
+from .logs import TrainerLogs
 from .reference import frozen_copy, reference
 from .rl import RepeatSampler
 
 
-class PreferenceTrainer(CompleteCheckpoints, Trainer):
+class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
     """``per_device_train_batch_size`` = pairs per micro-batch (2 rows each: chosen and rejected)."""
 
     def __init__(self, model, args, *, algorithm, family, processing_class, train_pairs: list[dict], data,
-                 eval_pairs: list[dict] | None = None):
+                 eval_pairs: list[dict] | None = None, console: str = "compact"):
         super().__init__(model=model, args=args, train_dataset=train_pairs, eval_dataset=eval_pairs or None,
                          data_collator=PreferenceCollator(processing_class, family, data),
-                         processing_class=processing_class)
+                         processing_class=processing_class, console=console)
         self.algorithm, self.family = algorithm.validate(family), family
         self.loss_is_scaled_for_ga = False  # a micro-batch mean: Trainer divides by the accumulation steps
         self.ref_model = None if hasattr(model, "disable_adapter") else frozen_copy(self)

@@ -31,6 +31,7 @@ from trl.models.utils import unwrap_model_for_generation
 from ..engines import HFEngine
 from ..engines.hf import decode_completions
 from .checkpoints import CompleteCheckpoints
+from .logs import TrainerLogs
 from .reference import frozen_copy, reference
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
@@ -58,15 +59,19 @@ class RepeatSampler(Sampler):
         return self.size // self.prompts_per_step * self.prompts_per_step * self.repeat
 
 
-class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
+class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
     """``per_device_train_batch_size`` = prompts per rank per step; ``gradient_accumulation_steps`` = micro-batches
-    the ``prompts x num_generations`` completions are split into."""
+    the ``prompts x num_generations`` completions are split into. ``completions.jsonl`` numbers each rollout by the
+    optimiser step it is made for (the first, with inner iterations): the step whose log holds its rewards."""
+
+    jsonl_logs = ("completions.jsonl",)  # trimmed to the resumed step (dare/trainers/logs.py)
 
     def __init__(self, model, args, *, algorithm, family, processing_class, train_rows: list[dict], rewards,
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
-                 rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0):
+                 rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
+                 console: str = "compact"):
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
-                         data_collator=lambda rows: rows, processing_class=processing_class)
+                         data_collator=lambda rows: rows, processing_class=processing_class, console=console)
         self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
         self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
@@ -137,7 +142,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
             # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
             noise = algo.corrupt(family, batch, generator)
-            for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts)):
+            for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts), strict=True):
                 part.setdefault("noise", []).append(piece)
             if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
                 break
@@ -165,7 +170,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         """One piece per micro-batch of every mini-batch, along the row dimension (tensors, or dicts of them)."""
         pieces = self.args.gradient_accumulation_steps // self.algorithm.streams * self.algorithm.mini_batches
         if isinstance(value, dict):
-            return [dict(zip(value, chunk)) for chunk in zip(*(self._split(v) for v in value.values()))]
+            return [dict(zip(value, chunk, strict=True)) for chunk in zip(*(self._split(v) for v in value.values()), strict=True)]
         return value.tensor_split(pieces)
 
     @contextmanager
@@ -229,7 +234,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
         if self.log_completions and self.is_world_process_zero():
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a") as f:
                 for i in range(min(self.log_completions, len(rows))):
-                    f.write(json.dumps({"step": self.state.global_step, "source": rows[i]["data_source"],
+                    f.write(json.dumps({"step": self.state.global_step + 1, "source": rows[i]["data_source"],
                                         "prompt": rows[i]["prompt"][-1]["content"], "completion": rollout.texts[i],
                                         "ground_truth": rows[i]["ground_truth"], "reward": results[i].score}) + "\n")
 
@@ -238,7 +243,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
             merged = defaultdict(lambda: [0.0, 0.0, 0.0])
             for meters in gather_object([dict(self._meters)]):
                 for name, values in meters.items():
-                    merged[name] = [a + b for a, b in zip(merged[name], values)]
+                    merged[name] = [a + b for a, b in zip(merged[name], values, strict=True)]
             self._meters.clear()
             for name, (total, square, count) in sorted(merged.items()):
                 if count:
@@ -259,7 +264,7 @@ class DiffusionRLTrainer(CompleteCheckpoints, Trainer):
                 rollout = engine.generate([r["prompt"] for r in mine], 1, self.eval_sampling, seed=self.args.seed)
             results = self.rewards.score(rollout.texts, mine, self.reward_workers)
             lengths = rollout.completion_mask.sum(-1).tolist()
-            scored = [(r["data_source"], res.score, res.acc, n) for r, res, n in zip(mine, results, lengths)]
+            scored = [(r["data_source"], res.score, res.acc, n) for r, res, n in zip(mine, results, lengths, strict=True)]
         scored = [s for part in gather_object([scored]) for s in part]
         metrics = {f"{metric_key_prefix}_seconds": round(time.perf_counter() - start, 3)}
         for source in [None, *sorted({s[0] for s in scored})]:

@@ -236,7 +236,7 @@ def table(results: dict) -> str:
     lines = ["| family | algorithm | seeds | T=1 reward before | after | gain (SE) | gain / SE | greedy before | "
              "after | s / step | forwards / step | peak MB |", "|---" * 12 + "|"]
     for (family, spec), s in results.items():
-        def f(k, d=3):
+        def f(k, d=3, s=s):
             m, e = s.get(k, (None, None))
             return "—" if m is None else f"{m:.{d}f} ± {e:.{d}f}"
         lines.append(f"| {family} | {spec} | {s['seeds']} | {f('reward_before')} | {f('reward_after')} | "

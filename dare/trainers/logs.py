@@ -1,0 +1,206 @@
+"""Logs a person can trust after a crash and read while training (a ``Trainer`` mixin for every DARE trainer).
+
+One point per step, numbered alike everywhere: every log counts ``global_step`` after the optimiser step (from 1),
+as ``trainer_state.json`` does. A resumed run continues each log from its checkpoint's step instead of appending to
+what the killed run wrote after it:
+
+- ``trainer_state.json``: Trainer's own (its ``log_history`` comes from the checkpoint);
+- JSON-lines logs (``completions.jsonl``): records past the step are dropped, atomically, when training begins (a
+  fresh run, step 0, starts them empty; a half-written last line is dropped too);
+- TensorBoard: the resumed run writes into the killed run's folder (the newest under ``output_dir/runs``), starting
+  with a session restart at ``step + 1`` (``purge_step``): TensorBoard's readers then discard the killed run's
+  points from that step on (the Rust data server drops them as the replayed steps arrive), so each tag keeps one
+  point per step. A fresh folder per run would show two runs, each holding the replayed steps;
+- validation: with ``eval_on_start``, a run resumed from a checkpoint whose step was validated does not validate
+  (and log) that step again (``fit``).
+
+Console: ``compact`` (the default) writes one line per log above the progress bar (``tqdm.write``, so they do not
+garble each other): step, loss, reward, accuracy, KL, learning rate, wall seconds per training step (validation
+and checkpoint saves excluded) and rollout tokens/s, each where the trainer logs it. ``full`` prints Trainer's whole
+dict. TensorBoard, wandb and ``log_history`` always get every metric.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
+
+CONSOLE = ("compact", "full")
+
+# (logged key, console label, format) in the order the compact line shows them
+TRAIN_FIELDS = (("loss", "loss", ".4g"), ("reward", "reward", ".3f"), ("acc", "acc", ".3f"),
+                ("accuracy", "acc", ".3f"), ("margin", "margin", ".4g"), ("kl", "kl", ".3g"),
+                ("grad_norm", "gnorm", ".3g"), ("learning_rate", "lr", ".3g"))
+EVAL_FIELDS = (("eval_loss", "loss", ".4g"), ("eval_reward", "reward", ".3f"), ("eval_acc", "acc", ".3f"),
+               ("eval_accuracy", "acc", ".3f"), ("eval_margin", "margin", ".4g"))
+
+
+def trim_jsonl(path: str | Path, step: int) -> None:
+    """Keep the records of ``path`` whose ``step`` is at most ``step`` (and that parse); rewrite it atomically."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by the kill
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _created(event_file: Path) -> tuple[int, float]:
+    """When an event file was created: the second its name starts with (``events.out.tfevents.<s>.<host>...``)."""
+    second = event_file.name.split(".")[3]
+    return int(second) if second.isdigit() else 0, event_file.stat().st_mtime
+
+
+def newest_run(output_dir: str) -> str | None:
+    """The folder under ``output_dir/runs`` holding the event file created last."""
+    events = list(Path(output_dir, "runs").glob("**/events.out.tfevents.*"))
+    return str(max(events, key=_created).parent) if events else None
+
+
+def _after_existing_files(folder: str) -> None:
+    """TensorBoard reads a folder's event files in name order, and a name starts with the second it was created in:
+    wait (at most a second) so that the next file written here sorts after every file already there."""
+    last = max((_created(p)[0] for p in Path(folder).glob("events.out.tfevents.*")), default=0)
+    wait = last + 1 - time.time()
+    if 0 < wait <= 1:  # (a file from a clock ahead of ours: nothing to wait for)
+        time.sleep(wait)
+
+
+class ResumableTensorBoard(TensorBoardCallback):
+    """TensorBoard that stays one run across ``--resume`` (see the module docstring)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not (state.is_world_process_zero and state.global_step > 0 and self.tb_writer is None):
+            return super().on_train_begin(args, state, control, **kwargs)
+        if self.logging_dir is None:  # TENSORBOARD_LOGGING_DIR, when set, is kept
+            from transformers.integrations.integration_utils import default_logdir
+            self.logging_dir = newest_run(args.output_dir) or os.path.join(args.output_dir, default_logdir())
+        _after_existing_files(self.logging_dir)
+        self.tb_writer = self._SummaryWriter(log_dir=self.logging_dir, purge_step=state.global_step + 1)
+        # TensorBoard's server-side reader takes a run's first session START for its beginning, not a restart, and
+        # a folder written without purge_step has none: a second START makes the purge happen either way
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        self.tb_writer.file_writer.add_event(Event(step=state.global_step + 1,
+                                                   session_log=SessionLog(status=SessionLog.START)))
+        self.tb_writer.add_text("args", args.to_json_string(), state.global_step)  # the resumed run's arguments
+
+    _epoch_step = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Trainer adds ``epoch`` to every log (training, validation, the final summary): keep one point per step
+        if logs and "epoch" in logs:
+            if state.global_step == self._epoch_step:
+                logs = {k: v for k, v in logs.items() if k != "epoch"}
+            self._epoch_step = state.global_step
+        super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+def compact_line(logs: dict, state, seconds_per_step: float | None) -> str:
+    """One console line for one ``Trainer.log`` call."""
+    def fields(spec):
+        return [f"{label} {logs[key]:{fmt}}" for key, label, fmt in spec
+                if isinstance(logs.get(key), (int, float))]
+
+    step = f"step {state.global_step}/{state.max_steps}" if state.max_steps else f"step {state.global_step}"
+    if "train_runtime" in logs:  # the summary Trainer logs when training ends
+        return f"{step}  done in {logs['train_runtime']:.1f} s" + (
+            f"  mean loss {logs['train_loss']:.4g}" if isinstance(logs.get("train_loss"), float) else "")
+    if any(key.startswith("eval_") for key in logs):
+        seconds = [f"({logs[k]:.1f} s)" for k in ("eval_seconds", "eval_runtime") if k in logs][:1]
+        return "  ".join([step, "eval", *fields(EVAL_FIELDS), *seconds])
+    parts = [step, *fields(TRAIN_FIELDS)]
+    if seconds_per_step is not None:
+        parts.append(f"{seconds_per_step:.2f} s/step")
+    if isinstance(logs.get("rollout/tokens_per_s"), (int, float)):
+        parts.append(f"{logs['rollout/tokens_per_s']:.0f} tok/s")
+    return "  ".join(parts)
+
+
+class _Compact:
+    """The compact console: one line per log; the clock restarts after validation and checkpoint saves."""
+
+    _since, _since_step = None, 0
+
+    def _restart(self, state):
+        self._since, self._since_step = time.perf_counter(), state.global_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self._restart(state)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        super().on_evaluate(args, state, control, **kwargs)
+        self._restart(state)
+
+    def on_save(self, args, state, control, **kwargs):
+        super().on_save(args, state, control, **kwargs)
+        self._restart(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        seconds = None
+        if "loss" in logs and self._since is not None and state.global_step > self._since_step:
+            seconds = (time.perf_counter() - self._since) / (state.global_step - self._since_step)
+            self._restart(state)
+        self._write(compact_line(logs, state, seconds))
+
+
+class CompactProgress(_Compact, ProgressCallback):
+    def _write(self, line: str):
+        if self.training_bar is not None:
+            self.training_bar.write(line)  # above the bar, which is redrawn below it
+        else:
+            print(line, flush=True)
+
+
+class CompactPrinter(_Compact, PrinterCallback):
+    """``disable_tqdm``: no bar, just the lines."""
+
+    def _write(self, line: str):
+        print(line, flush=True)
+
+
+class _TrimOnTrainBegin(TrainerCallback):
+    def __init__(self, files):
+        self.files = files
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            for name in self.files:
+                trim_jsonl(os.path.join(args.output_dir, name), state.global_step)
+
+
+class TrainerLogs:
+    """Trainer mixin: resume-safe TensorBoard and ``jsonl_logs``, and the ``console`` format (``compact`` | ``full``).
+    A trainer appending JSON lines with a ``step`` field under ``output_dir`` names them in ``jsonl_logs``."""
+
+    jsonl_logs: tuple[str, ...] = ()
+
+    def __init__(self, *args, console: str = "compact", **kwargs):
+        if console not in CONSOLE:
+            raise ValueError(f"console={console!r}: expected one of {list(CONSOLE)}")
+        super().__init__(*args, **kwargs)
+        callbacks = self.callback_handler.callbacks
+        for i, callback in enumerate(callbacks):
+            if type(callback) is TensorBoardCallback:
+                callbacks[i] = ResumableTensorBoard(callback.tb_writer)
+            elif console == "compact" and type(callback) is ProgressCallback:
+                callbacks[i] = CompactProgress()
+            elif console == "compact" and type(callback) is PrinterCallback:
+                callbacks[i] = CompactPrinter()
+        if self.jsonl_logs:
+            self.add_callback(_TrimOnTrainBegin(self.jsonl_logs))

@@ -1,0 +1,125 @@
+"""The scripts as a person meets them: recipe values converted to their declared types (or refused naming the key),
+user errors as one ``error:`` line with exit status 2 (``--debug`` keeps the traceback), and every sampling, data and
+length check made before the weights load (shown with model folders whose weights file is missing)."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from conftest import ROOT
+from test_train_rl import rl_args
+
+import train_rl
+import train_sft
+from dare.config import parse
+from dare.data.tasks import write_task
+from dare.models import save_tiny
+
+
+def recipe(tmp_path, text):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return ["--config", str(path)]
+
+
+def test_recipe_values_take_their_declared_types(tmp_path):
+    args = parse(train_rl.args_class("d1"), recipe(tmp_path, "learning_rate: 1e-5\nmax_steps: '4'\nrollout:\n"
+                                                             "  gen_length: 1e2\n  threshold: 1\nrewards: [auto]\n"))
+    assert (args.learning_rate, args.max_steps, args.rollout.gen_length, args.rollout.threshold) == (1e-5, 4, 100, 1.0)
+    assert type(args.learning_rate) is float and type(args.rollout.gen_length) is int
+    for text, message in [("learning_rate: fast", "learning_rate: expected float, got 'fast'"),
+                          ("rollout:\n  gen_length: 16.5", r"rollout.gen_length: expected int, got 16.5"),
+                          ("rollout: 5", "'rollout' is a section"),
+                          ("bf16: 'yes'", "bf16: expected bool"),
+                          ("rewards: auto", "rewards: expected a list")]:
+        with pytest.raises(ValueError, match=message):
+            parse(train_rl.args_class("d1"), recipe(tmp_path, text))
+
+
+def script(*argv, env=None):
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_user_errors_are_one_line_with_exit_status_2(tmp_path):
+    out = script("train_rl.py", "--algo", "nope")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("error: Unknown algorithm 'nope'; registered: "), out.stderr
+    traceback_file = out.stderr.split("(traceback in ")[1].split(";")[0]
+    with open(traceback_file) as f:
+        assert "Traceback" in f.read()
+    out = script("train_sft.py", "--data.path", str(tmp_path / "missing.jsonl"), "--debug")
+    assert out.returncode == 1 and "Traceback" in out.stderr and "Dataset file not found" in out.stderr
+    out = script("evaluate.py", "--model", "tiny:llada", "--gen-length", "-16", "--prompt", "hi",
+                 env={"DARE_DEBUG": "0"})
+    assert out.returncode == 2 and out.stderr.startswith("error: sampling: gen_length must be positive, got -16")
+
+
+@pytest.fixture(scope="module")
+def weightless(tmp_path_factory):
+    """Model folders with config and tokenizer but no weights: a check made after the weights load cannot pass."""
+    folders = {}
+    for family in ("llada", "sdar"):
+        folder = tmp_path_factory.mktemp(family)
+        save_tiny(family, folder)
+        (folder / "model.safetensors").unlink()
+        folders[family] = str(folder)
+    return folders
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rl-data")
+    return (write_task("addition", str(folder / "train.jsonl"), 16, 0, "train"),
+            write_task("addition", str(folder / "test.jsonl"), 4, 0, "test"))
+
+
+def test_rl_checks_run_before_the_weights_load(weightless, data, tmp_path):
+    def run(**kw):
+        train_rl.main(rl_args(data, tmp_path, model=weightless["llada"], **kw))
+
+    with pytest.raises(ValueError, match="rollout: gen_length must be positive, got -16"):
+        run(rollout__gen_length=-16)
+    with pytest.raises(ValueError, match="validation: gen_length 12 is not divisible by block_length 8"):
+        run(validation__gen_length=12, validation__block_length=8)
+    with pytest.raises(ValueError, match="rollout: Unknown threshold_rule 'sometimes'"):
+        run(rollout__threshold_rule="sometimes")
+    with pytest.raises(ValueError, match="not a multiple of micro_batch_size"):
+        run(micro_batch_size=3)
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        run(rewards=["nope"])
+    long = tmp_path / "long.jsonl"  # one 3,000-word prompt, on a model built for 1,024 positions
+    long.write_text(json.dumps({"prompt": [{"role": "user", "content": "count " * 3000}], "data_source": "x",
+                                "reward_model": {"ground_truth": "1"}}) + "\n")
+    with pytest.raises(ValueError, match=r"rollout: a \d+-token prompt \+ gen_length 8 needs \d+ positions, more "
+                                         r"than the model's 1024"):
+        run(data__path=str(long), data__eval_path=None, data__max_prompt_length=10 ** 5)
+    with pytest.raises(OSError, match="model.safetensors|no file named"):  # every check passed: the weights load
+        run()
+
+
+def test_block_length_that_does_not_divide_gen_length_warns_before_the_weights_load(weightless, data, tmp_path):
+    with pytest.warns(UserWarning, match="gen_length 30 is not a multiple of sdar's block size 4: the last block is "
+                                         "decoded whole"), pytest.raises(OSError):
+        train_rl.main(rl_args(data, tmp_path, model=weightless["sdar"], rollout__gen_length=30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(OSError):
+            train_rl.main(rl_args(data, tmp_path, model=weightless["sdar"], rollout__gen_length=32))
+
+
+def test_sft_reads_and_checks_its_data_before_the_weights_load(weightless, tmp_path):
+    args = train_sft.Args(model=weightless["llada"], output_dir=str(tmp_path / "out"), max_steps=1)
+    args.data.path = str(tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match="Dataset file not found"):
+        train_sft.main(args)
+    args.data.path = write_task("addition", str(tmp_path / "sft.jsonl"), 8)
+    args.data.prompt_key = "question"
+    with pytest.raises(KeyError, match="'question' not found"):
+        train_sft.main(args)
+    args.data.prompt_key, args.data.response_key, args.data.max_length = "prompt", "extra_info.solution", 4096
+    with pytest.raises(ValueError, match="data.max_length 4096 is more than the model's 1024 positions"):
+        train_sft.main(args)
