@@ -30,8 +30,7 @@ from dare.config import parse, run
 from dare.engines import HFEngine
 from dare.eval import harness, report
 from dare.eval.trajectory import committed_confidences, write_trajectory_html
-from dare.models import load_pretrained
-from dare.models.loading import load_config, max_positions
+from dare.models.loading import load_config, load_weights, max_positions
 from dare.sampling import SamplingConfig
 
 
@@ -103,10 +102,10 @@ def main(args: Args):
         return
     if not args.model:
         raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
-    config, _, family = load_config(args.model)  # the sampling settings are checked before the weights load
+    config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
     args.sampling.check(family, "sampling", 0, max_positions(config))
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    model, tokenizer, family = load_pretrained(args.model, dtype=dtype, attn_implementation=args.attn_implementation)
+    model = load_weights(args.model, config, dtype, args.attn_implementation)
     device = args.device
     if args.bench and process_state().num_processes > 1:
         device = process_state().device

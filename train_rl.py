@@ -19,6 +19,7 @@ per optimiser step, ``micro_batch_size`` rows (two per pair) per forward/backwar
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import TrainingArguments, set_seed
@@ -28,8 +29,7 @@ from dare.config import parse, peek, run
 from dare.data import RLDataConfig, prompt_rows
 from dare.data.preference import PreferenceDataConfig, pair_rows
 from dare.engines import encode
-from dare.models import load_pretrained
-from dare.models.loading import load_config, max_positions
+from dare.models.loading import load_config, load_weights, max_positions
 from dare.models.lora import LoraArgs, apply_lora
 from dare.rewards.routing import RewardRouter
 from dare.sampling import SamplingConfig, SamplingOverrides
@@ -75,7 +75,7 @@ class Args:
     eval_steps: int = 20  # validate on data.eval_path every N steps (0: never)
     eval_on_start: bool = False  # validate once before training
     report_to: str = "none"  # none | tensorboard | wandb
-    console: str = "compact"  # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
+    console: Literal["compact", "full"] = "compact"  # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
     seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -152,8 +152,7 @@ def main(args: Args) -> DiffusionRLTrainer | PreferenceTrainer:
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
     training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
         args, training_args.world_size)
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
+    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
     trainer = DiffusionRLTrainer(
         model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
@@ -169,7 +168,7 @@ def main_offline(args: Args) -> PreferenceTrainer:
     """Offline preference optimisation on ``args.preference`` pairs (the rollout, reward and RL-data knobs unused)."""
     set_seed(args.seed)
     data = args.preference
-    _, _, family = load_config(args.model)  # every check below runs before the weights load
+    config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)
     evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
@@ -179,8 +178,7 @@ def main_offline(args: Args) -> PreferenceTrainer:
         raise ValueError(f"micro_batch_size={args.micro_batch_size} must be even (chosen + rejected rows) and "
                          f"prompts_per_step={args.prompts_per_step} pairs a multiple of micro_batch_size / 2 x "
                          f"{world} processes")
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
+    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
     pairs = args.micro_batch_size // 2
     training_args.per_device_train_batch_size = training_args.per_device_eval_batch_size = pairs

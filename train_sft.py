@@ -10,6 +10,7 @@ Every field below is a flag (``--help``); ``--config`` YAML files set the defaul
 """
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import TrainingArguments, set_seed
@@ -17,8 +18,7 @@ from transformers import TrainingArguments, set_seed
 from dare.config import parse, run
 from dare.data import SFTCollator, SFTDataConfig, load_rows
 from dare.data.sft import tokenize_dataset
-from dare.models import load_pretrained
-from dare.models.loading import load_config, max_positions
+from dare.models.loading import load_config, load_weights, max_positions
 from dare.models.lora import LoraArgs, apply_lora
 from dare.trainers import DiffusionSFTTrainer, fit
 
@@ -51,7 +51,7 @@ class Args:
     eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
     save_total_limit: int = 3  # keep the last K checkpoints
     report_to: str = "none"  # none | tensorboard | wandb
-    console: str = "compact"  # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
+    console: Literal["compact", "full"] = "compact"  # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
     seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -74,8 +74,7 @@ def main(args: Args):
         if args.data.eval_limit:
             held_out = held_out.select(range(min(args.data.eval_limit, len(held_out))))
         evaluation = tokenize_dataset(held_out, tokenizer, family, args.data)
-    model, tokenizer, family = load_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                               attn_implementation=args.attn_implementation)
+    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
     training_args = TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,

@@ -73,11 +73,11 @@ import sys
 import time
 
 import torch
-from transformers import AutoConfig
 
 from dare.data.tasks import WORDS, make_task
 from dare.engines.hf import decode_completions
 from dare.models import Family, load_pretrained, tiny
+from dare.models.loading import load_config
 from dare.rewards import get_reward, score_for_source
 from dare.sampling import SamplingConfig, generate
 from dare.sampling.primitives import CONFIDENCE
@@ -343,7 +343,7 @@ def main():
         specs.append(Spec("block", f"{fam}-large", fam, large_overrides(fam, a), a.large_batch, a.large_repeats,
                           a.sharpen, block_cfg, BLOCK_METHODS, "no cache, static", 10.0))
     for folder in a.model:
-        fam = Family.from_pretrained(AutoConfig.from_pretrained(folder))
+        fam = load_config(folder)[2]
         section, cfg, methods, ref = (("block", block_cfg, BLOCK_METHODS, "no cache, static") if fam.is_block_diffusion
                                       else ("masked", masked_cfg, MASKED_METHODS, "plain"))
         specs.append(Spec(section, os.path.basename(os.path.normpath(folder)), fam.name, {}, a.model_batch,

@@ -796,3 +796,16 @@ def test_editing_rejected_for_masked_families():
     ids, mask = prompts(fam, [4], seed=1)
     with pytest.raises(ValueError, match="block-diffusion families only"):
         generate(model, fam, ids, mask, SamplingConfig(gen_length=8, editing_threshold=0.5))
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_generate_refuses_a_canvas_longer_than_the_model_positions(family):
+    """Prompt + generated region (whole blocks for block families) past max_position_embeddings is refused before
+    any forward, naming both numbers; one that fits decodes."""
+    model, tok = tiny(family)
+    fam = Family.from_pretrained(model.config, tok)
+    prompt = torch.full((1, 1000), 5)
+    with pytest.raises(ValueError, match=r"sampling: a 1000-token prompt \+ gen_length 30 needs 10(30|32) positions, "
+                                         r"more than the model's 1024"):
+        generate(model, fam, prompt, config=SamplingConfig(gen_length=30, steps=30 if family == "llada" else None))
+    assert generate(model, fam, prompt[:, :990], config=SamplingConfig(gen_length=4)).sequences.shape == (1, 4)

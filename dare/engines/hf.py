@@ -6,7 +6,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..models.family import max_positions
 from ..sampling import SamplingConfig, generate
 from ..sampling.primitives import after_first
 from .base import Rollout
@@ -56,7 +55,6 @@ class HFEngine:
             raise ValueError("No prompts given.")
         if any(len(p) == 0 for p in ids):
             raise ValueError("Empty prompt: every prompt needs at least one token.")
-        config.check(self.family, "sampling", max(map(len, ids)), max_positions(self.model.config))
         parts, start = [], time.perf_counter()
         was_training = self.model.training
         self.model.eval()

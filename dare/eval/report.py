@@ -1,6 +1,7 @@
 """Reports: the per-benchmark table (json + markdown) of one run, and several runs side by side (table + PNG)."""
 
 import json
+import os
 from pathlib import Path
 
 COLUMNS = ("prompts", "samples", "decoded", "reused", "accuracy", "pass@1", "tokens_per_s", "forwards_per_token",
@@ -48,19 +49,12 @@ def run_names(reports: list[str]) -> list[str]:
     names = ["/".join(p) for p in parts]
     if len(set(names)) < len(names):
         return [str(r) for r in reports]
-    head = _common(names)
+    head = os.path.commonprefix(names)
     cut = max((head.rfind(c) for c in SEPARATORS), default=-1) + 1
-    tail = _common([n[::-1] for n in names])
+    tail = os.path.commonprefix([n[::-1] for n in names])
     back = max((tail.rfind(c) for c in SEPARATORS), default=-1) + 1
     short = [n[cut:len(n) - back] for n in names]
     return short if all(short) and len(set(short)) == len(short) else names
-
-
-def _common(names: list[str]) -> str:
-    i = 0
-    while i < min(map(len, names)) and len({n[i] for n in names}) == 1:
-        i += 1
-    return names[0][:i]
 
 
 def compare(reports: list[str], plot: str | None = None, metric: str = "accuracy") -> str:

@@ -66,17 +66,23 @@ def load_config(name_or_path: str):
     return config, tokenizer, Family.from_pretrained(config, tokenizer)
 
 
+def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
+                 **kwargs):
+    """The model of ``name_or_path`` on the ``config`` of ``load_config``: the checkpoint's weights, or the random
+    tiny model of a ``tiny:`` name."""
+    if name_or_path.startswith("tiny:"):
+        from .tiny import tiny_model
+        return tiny_model(config)
+    return AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype,
+                                                attn_implementation=attn_implementation, trust_remote_code=False,
+                                                **kwargs)
+
+
 def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
                     **kwargs):
     """``(model, tokenizer, family)`` for any supported checkpoint (official weights load into our classes).
     ``tiny:<family>`` (e.g. ``tiny:sdar``) gives a random tiny model, for trying commands offline;
     ``tiny:<family>:key=value,...`` overrides its config (``tiny:llada:d_model=256,n_layers=4``)."""
-    if name_or_path.startswith("tiny:"):
-        from .tiny import tiny
-        family, overrides = _tiny_name(name_or_path)
-        model, tokenizer = tiny(family, **overrides)
-        return model, tokenizer, Family.from_pretrained(model.config, tokenizer)
     config, tokenizer, _ = load_config(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype, attn_implementation=attn_implementation,
-                                                 trust_remote_code=False, **kwargs)
+    model = load_weights(name_or_path, config, dtype, attn_implementation, **kwargs)
     return model, tokenizer, Family.from_pretrained(model.config, tokenizer)

@@ -30,13 +30,18 @@ def tiny_parts(family: str, **config_overrides):
     return make_config(len(tok), **{**ids, **config_overrides}), tok
 
 
+def tiny_model(config, seed: int = 0):
+    """The random tiny model of a ``tiny_parts`` config (the same weights for the same seed on every call)."""
+    model_class = next(cls for _, cls in TINY.values() if cls.config_class is type(config))
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return model_class(config).eval()
+
+
 def tiny(family: str, seed: int = 0, **config_overrides):
     """``(model, tokenizer)``: a random model of ``family`` (a few MB) and its tiny tokenizer, ids wired together."""
     config, tok = tiny_parts(family, **config_overrides)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = TINY[family][1](config)
-    return model.eval(), tok
+    return tiny_model(config, seed), tok
 
 
 def save_tiny(family: str, path, seed: int = 0, **config_overrides) -> str:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from ..models.family import max_positions
 from .primitives import CONFIDENCE, THRESHOLD_RULES
 
 PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
@@ -189,7 +190,8 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     scheduled steps ``from_step .. to_step - 1`` run (tree rollouts; ``schedule_length`` counts the steps)."""
     from .block import generate_block
     from .masked import generate_masked
-    config = (config or SamplingConfig()).resolve(family).validate()
+    config = (config or SamplingConfig()).check(family, "sampling", prompt_ids.shape[1],
+                                                max_positions(getattr(model, "config", None)))
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
     if bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
