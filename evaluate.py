@@ -27,11 +27,9 @@ import torch
 import tyro
 
 from dare.config import parse, run
-from dare.engines import HFEngine
-from dare.eval import harness, report
-from dare.eval.trajectory import committed_confidences, write_trajectory_html
-from dare.models.loading import load_config, load_weights, max_positions
 from dare.sampling import SamplingConfig
+
+# Only what the flags need is imported here, so that --help answers at once; the rest inside the functions below.
 
 
 @dataclass
@@ -49,7 +47,7 @@ class Args:
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
     bench: str | None = None  # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated task>
-    data_dir: str | None = "../shared/data/rl/test"  # folder of the reference parquet files (tried before the hub)
+    data_dir: str | None = None  # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub
     limit: int | None = None  # first N prompts of each benchmark
     samples: int | None = None  # completions per prompt (default: the benchmark's; AIME 8)
     pass_k: list[int] = field(default_factory=lambda: [1])  # report pass@k for these k (needs samples >= k)
@@ -60,7 +58,9 @@ class Args:
     plot: str | None = None  # with --compare: write a bar chart PNG here
 
 
-def answer(engine: HFEngine, messages: list[dict], args: Args) -> str:
+def answer(engine, messages: list[dict], args: Args) -> str:
+    from dare.eval.trajectory import committed_confidences, write_trajectory_html
+
     config = replace(args.sampling, record_states=True) if args.trajectory else args.sampling  # + confidences
     rollout = engine.generate([messages], config=config, seed=args.seed)
     text = rollout.texts[0]
@@ -85,7 +85,9 @@ def process_state():
     return PartialState(cpu=not torch.cuda.is_available())
 
 
-def run_benchmarks(args: Args, engine: HFEngine) -> dict:
+def run_benchmarks(args: Args, engine) -> dict:
+    from dare.eval import harness
+
     try:
         return harness.evaluate_benchmarks(
             engine, [b.strip() for b in args.bench.split(",") if b.strip()], args.sampling, Path(args.output_dir),
@@ -97,6 +99,10 @@ def run_benchmarks(args: Args, engine: HFEngine) -> dict:
 
 
 def main(args: Args):
+    from dare.engines import HFEngine
+    from dare.eval import report
+    from dare.models.loading import load_config, load_weights, max_positions
+
     if args.compare:
         print(report.compare(args.compare, args.plot))
         return

@@ -21,21 +21,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from transformers import TrainingArguments, set_seed
-
+# Only what the flags need is imported here, so that --help answers at once; what runs (transformers, peft,
+# datasets, the trainers) is imported inside the functions below.
 from dare.algos import get_algorithm
 from dare.config import parse, peek, run
-from dare.data import RLDataConfig, prompt_rows
-from dare.data.preference import PreferenceDataConfig, pair_rows
-from dare.engines import encode
-from dare.models.loading import load_config, load_weights, max_positions
-from dare.models.lora import LoraArgs, apply_lora
-from dare.rewards.routing import RewardRouter
+from dare.data import RLDataConfig
+from dare.data.preference import PreferenceDataConfig
+from dare.lora import LoraArgs
 from dare.sampling import SamplingConfig, SamplingOverrides
-from dare.trainers import fit
-from dare.trainers.preference import PreferenceTrainer
-from dare.trainers.rl import DiffusionRLTrainer
 
 
 @dataclass
@@ -97,6 +90,9 @@ def args_class(algo: str):
 
 def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> tuple[list[dict], int]:
     """The rows whose prompt fits ``data.max_prompt_length`` tokens, and the longest of them."""
+    from dare.data import prompt_rows
+    from dare.engines import encode
+
     rows = prompt_rows(path, split, args.data, limit)
     lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
     kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= args.data.max_prompt_length]
@@ -121,7 +117,11 @@ def batch_shape(args: Args, world: int) -> tuple[int, int]:
     return args.prompts_per_step // world, completions // args.micro_batch_size // minis * args.algo_config.streams
 
 
-def training_arguments(args: Args, validate: bool) -> TrainingArguments:
+def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # noqa: F821
+    from transformers import TrainingArguments
+
+    from dare.trainers.distributed import process_group_args
+
     return TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, optim=args.optim, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
@@ -131,12 +131,21 @@ def training_arguments(args: Args, validate: bool) -> TrainingArguments:
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
         eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
-        dataloader_pin_memory=False)
+        dataloader_pin_memory=False, **process_group_args())
 
 
-def main(args: Args) -> DiffusionRLTrainer | PreferenceTrainer:
+def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     if getattr(type(args.algo_config), "offline", False):
         return main_offline(args)
+    import torch
+    from transformers import set_seed
+
+    from dare.lora import apply_lora
+    from dare.models.loading import load_config, load_weights, max_positions
+    from dare.rewards.routing import RewardRouter
+    from dare.trainers import fit
+    from dare.trainers.rl import DiffusionRLTrainer
+
     set_seed(args.seed)
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     RewardRouter(args.rewards)
@@ -164,8 +173,17 @@ def main(args: Args) -> DiffusionRLTrainer | PreferenceTrainer:
     return fit(trainer, args.resume, merged)
 
 
-def main_offline(args: Args) -> PreferenceTrainer:
+def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
     """Offline preference optimisation on ``args.preference`` pairs (the rollout, reward and RL-data knobs unused)."""
+    import torch
+    from transformers import set_seed
+
+    from dare.data.preference import pair_rows
+    from dare.lora import apply_lora
+    from dare.models.loading import load_config, load_weights
+    from dare.trainers import fit
+    from dare.trainers.preference import PreferenceTrainer
+
     set_seed(args.seed)
     data = args.preference
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load

@@ -12,15 +12,10 @@ Every field below is a flag (``--help``); ``--config`` YAML files set the defaul
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from transformers import TrainingArguments, set_seed
-
 from dare.config import parse, run
-from dare.data import SFTCollator, SFTDataConfig, load_rows
-from dare.data.sft import tokenize_dataset
-from dare.models.loading import load_config, load_weights, max_positions
-from dare.models.lora import LoraArgs, apply_lora
-from dare.trainers import DiffusionSFTTrainer, fit
+from dare.data import SFTDataConfig
+from dare.lora import LoraArgs
+from dare.sampling import SamplingConfig
 
 
 @dataclass
@@ -49,6 +44,9 @@ class Args:
     logging_steps: int = 10  # log metrics every N optimiser steps
     save_steps: int = 500  # write a checkpoint every N optimiser steps
     eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
+    eval_generate: int = 0  # also decode the first N held-out prompts at each evaluation and log their reward and accuracy (16 at a time)
+    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.0))
+    eval_rewards: list[str] = field(default_factory=lambda: ["auto"])  # reward of those answers: auto | NAME[:W] | SOURCE=NAME[:W] (e.g. gsm8k for '#### N' answers)
     save_total_limit: int = 3  # keep the last K checkpoints
     report_to: str = "none"  # none | tensorboard | wandb
     console: Literal["compact", "full"] = "compact"  # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
@@ -58,22 +56,34 @@ class Args:
 
 
 def main(args: Args):
+    # imported here, not at the top, so that --help answers at once (transformers and peft take seconds)
+    import torch
+    from transformers import TrainingArguments, set_seed
+
+    from dare.data import SFTCollator, load_rows
+    from dare.data.sft import tokenize_dataset
+    from dare.lora import apply_lora
+    from dare.models.loading import load_config, load_weights, max_positions
+    from dare.trainers import DiffusionSFTTrainer, fit
+    from dare.trainers.distributed import process_group_args
+
     set_seed(args.seed)
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     positions = max_positions(config)
     if positions and args.data.max_length > positions:
         raise ValueError(f"data.max_length {args.data.max_length} is more than the model's {positions} positions "
                          "(max_position_embeddings)")
-    rows = load_rows(args.data.path, args.data.split)
+    rows = load_rows(args.data.path, args.data.split, args.data.local_dir)
     if args.data.limit:
         rows = rows.select(range(min(args.data.limit, len(rows))))
     train = tokenize_dataset(rows, tokenizer, family, args.data)
     evaluation = None
     if args.data.eval_path:
-        held_out = load_rows(args.data.eval_path, args.data.eval_split)
+        held_out = load_rows(args.data.eval_path, args.data.eval_split, args.data.local_dir)
         if args.data.eval_limit:
             held_out = held_out.select(range(min(args.data.eval_limit, len(held_out))))
         evaluation = tokenize_dataset(held_out, tokenizer, family, args.data)
+    generation = held_out_generation(args, tokenizer, family, positions) if args.eval_generate else None
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
     training_args = TrainingArguments(
@@ -87,13 +97,31 @@ def main(args: Args):
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         seed=args.seed, remove_unused_columns=False, eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",
-        eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size)
+        eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size,
+        **process_group_args())
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
-                                  family=family,
+                                  family=family, generation=generation,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
                                   console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
+
+
+def held_out_generation(args: Args, tokenizer, family, positions: int | None) -> tuple:
+    """(rows, sampling, rewards) of ``--eval-generate``: the first N held-out prompts as the model was trained on
+    them (no answer instruction added), checked before the weights load."""
+    from dare.data import RLDataConfig, prompt_rows
+    from dare.engines import encode
+    from dare.rewards.routing import RewardRouter
+
+    d = args.data
+    if not d.eval_path or args.eval_steps <= 0:
+        raise ValueError("eval_generate needs held-out prompts: set data.eval_path and eval_steps > 0")
+    rows = prompt_rows(d.eval_path, d.eval_split, RLDataConfig(
+        prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt, answer_instruction="none",
+        local_dir=d.local_dir), args.eval_generate)
+    longest = max(len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows]))
+    return rows, args.eval_sampling.check(family, "eval_sampling", longest, positions), RewardRouter(args.eval_rewards)
 
 
 if __name__ == "__main__":

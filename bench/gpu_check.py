@@ -118,7 +118,7 @@ def decoding(b: Bench, family: str):
 
 
 def sft_steps(b: Bench, family: str, params: int):
-    from dare.models.lora import LoraArgs, apply_lora
+    from dare.lora import LoraArgs, apply_lora
     for lora in (False, True):
         for ckpt in (False, True):
             model, tok, fam = b.build(family)

@@ -16,7 +16,8 @@ from .diffusion import NoiseRecipe, corrupt, recipe_for, sample_t
 def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
              attention_mask: torch.Tensor | None = None, *, recipe: NoiseRecipe | None = None,
              t: torch.Tensor | None = None, masked: torch.Tensor | None = None,
-             generator: torch.Generator | None = None, return_parts: bool = False):
+             generator: torch.Generator | None = None, normaliser: torch.Tensor | float | None = None,
+             return_parts: bool = False):
     """Masked-diffusion SFT loss of a right-padded batch (a float32 scalar).
 
     input_ids       ``[B, L]`` prompt + response (+ EOS padding), right-padded
@@ -27,6 +28,10 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
     recipe          defaults to ``recipe_for(family)``
     t, masked       fix the noise levels ``[B]`` and/or the masked positions ``[B, L]`` (must lie in loss_mask);
                     ``masked`` needs ``t`` (the weights). Drawn from ``generator`` when not given.
+    normaliser      what the loss divides by (``sft_units`` counts it): the rows (``answer_length`` recipes) or the
+                    masked tokens (``masked``). Default: this batch's own. A trainer passes the count of the whole
+                    optimiser step (every micro-batch, every process, divided by the processes since DDP averages
+                    gradients), so the loss does not depend on how the step is split.
     return_parts    also return a dict: t, masked, noisy ids, n_masked / answer_len per row, per-sequence loss
                     (answer_length normaliser) and the per-token weighted CE, for logging and tests.
     """
@@ -35,15 +40,13 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         attention_mask = torch.ones_like(input_ids)
     _check(family, input_ids, loss_mask, attention_mask, t, masked)
     loss_mask = loss_mask.bool()
-    batch = input_ids.shape[0]
     if t is None:
-        t = sample_t(batch, recipe, generator, input_ids.device)
+        t, masked = sft_noise(family, input_ids, loss_mask, recipe, generator)
     t = t.to(device=input_ids.device, dtype=torch.float32)
     if masked is None:
-        noisy, masked = corrupt(input_ids, loss_mask, t, family.mask_id, generator, recipe.min_one)
-    else:
-        masked = masked.bool()
-        noisy = input_ids.masked_fill(masked, family.mask_id)
+        _, masked = corrupt(input_ids, loss_mask, t, family.mask_id, generator, recipe.min_one)
+    masked = masked.bool()
+    noisy = input_ids.masked_fill(masked, family.mask_id)
 
     clean = input_ids if family.is_block_diffusion else None
     logits = family.logits(model, noisy, attention_mask, clean_ids=clean)
@@ -54,16 +57,37 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         token = token / t[:, None]
 
     answer_len, n_masked = loss_mask.sum(-1), masked.sum(-1)
+    if normaliser is None:
+        normaliser = sft_units(family, loss_mask, masked, recipe)
     if recipe.normalizer == "answer_length":
         per_seq = token.sum(-1) / answer_len.clamp(min=1)
-        loss = per_seq.mean()
+        loss = per_seq.sum() / normaliser
     else:
         per_seq = token.sum(-1) / n_masked.clamp(min=1)
-        loss = token.sum() / n_masked.sum().clamp(min=1)
+        loss = token.sum() / torch.as_tensor(normaliser, dtype=torch.float32).clamp(min=1)
     if not return_parts:
         return loss
     return loss, {"t": t, "masked": masked, "noisy": noisy, "n_masked": n_masked, "answer_len": answer_len,
                   "per_seq": per_seq.detach(), "token_loss": token.detach()}
+
+
+def sft_noise(family, input_ids: torch.Tensor, loss_mask: torch.Tensor, recipe: NoiseRecipe | None = None,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noise of one SFT batch: levels ``t`` ``[B]`` and the masked positions ``[B, L]`` (within ``loss_mask``),
+    drawn from ``generator`` (default: the global RNG) as ``sft_loss`` draws them."""
+    recipe = recipe if recipe is not None else recipe_for(family)
+    t = sample_t(input_ids.shape[0], recipe, generator, input_ids.device)
+    _, masked = corrupt(input_ids, loss_mask.bool(), t, family.mask_id, generator, recipe.min_one)
+    return t, masked
+
+
+def sft_units(family, loss_mask: torch.Tensor, masked: torch.Tensor, recipe: NoiseRecipe | None = None) -> torch.Tensor:
+    """What ``sft_loss`` averages over in a batch: its rows (``answer_length`` recipes, a per-sequence mean) or its
+    masked tokens (``masked``: LLaDA2's token mean). Counts add up over micro-batches and processes."""
+    recipe = recipe if recipe is not None else recipe_for(family)
+    if recipe.normalizer == "answer_length":
+        return torch.tensor(float(loss_mask.shape[0]), device=loss_mask.device)
+    return masked.sum().float()
 
 
 def _check(family, input_ids, loss_mask, attention_mask, t, masked):

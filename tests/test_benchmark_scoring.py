@@ -9,7 +9,8 @@ import pytest
 from conftest import SHARED
 
 from dare.data import RLDataConfig, prompt_rows
-from dare.eval.benchmarks import BENCHMARKS, _gsm8k, _math500, load_benchmark
+from dare.data.public import PUBLIC
+from dare.eval.benchmarks import BENCHMARKS, load_benchmark
 from dare.rewards import BOXED_INSTRUCTION, score_for_source
 from dare.rewards.routing import RewardRouter
 
@@ -45,7 +46,8 @@ def test_bare_questions_get_the_instruction_their_reward_needs(tmp_path):
                                                           "What is $\\frac{1}{2} + \\frac{1}{4}$?"]
     custom = prompt_rows(path, "train", RLDataConfig(answer_instruction="Answer with a number."))
     assert all(r["prompt"][-1]["content"].endswith("\nAnswer with a number.") for r in custom)
-    hub = [_gsm8k({"question": "Q?", "answer": "work\n#### 1,234"}), _math500({"problem": "P?", "answer": "2"})]
+    hub = [PUBLIC["openai/gsm8k:main"].convert({"question": "Q?", "answer": "work\n#### 1,234"}),
+           PUBLIC["HuggingFaceH4/MATH-500"].convert({"problem": "P?", "answer": "2"})]
     from dare.data.rl import instruct
     assert [instruct(r)["prompt"][-1]["content"] for r in hub] == ["Q?" + BOXED_INSTRUCTION, "P?" + BOXED_INSTRUCTION]
     assert instruct(instruct(hub[0])) == instruct(hub[0])  # asked once, never twice
@@ -55,16 +57,16 @@ def test_bare_questions_get_the_instruction_their_reward_needs(tmp_path):
 
 @pytest.mark.parametrize("bench", sorted(BENCHMARKS))
 def test_every_reference_benchmark_asks_for_what_it_scores(bench):
-    if not (TEST_DATA / BENCHMARKS[bench].local).exists():
-        pytest.skip(f"{TEST_DATA / BENCHMARKS[bench].local} not found (../shared is absent)")
+    if not TEST_DATA.is_dir():
+        pytest.skip(f"{TEST_DATA} not found (../shared is absent)")
     rows = load_benchmark(bench, data_dir=str(TEST_DATA))
     assert rows and all(asks_for_its_format(r) for r in rows)
 
 
 @pytest.mark.parametrize("bench", ["gsm8k", "math500"])
 def test_known_answers_score_100_percent_and_shuffled_about_chance(bench):
-    if not (TEST_DATA / BENCHMARKS[bench].local).exists():
-        pytest.skip(f"{TEST_DATA / BENCHMARKS[bench].local} not found (../shared is absent)")
+    if not TEST_DATA.is_dir():
+        pytest.skip(f"{TEST_DATA} not found (../shared is absent)")
     rows = load_benchmark(bench, data_dir=str(TEST_DATA))
     right = router.score([f"Step by step... so the answer is \\boxed{{{r['ground_truth']}}}." for r in rows], rows)
     perm = list(range(len(rows)))

@@ -109,3 +109,64 @@ def test_real_gsm8k_sft_file():
     messages = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="prompt", max_length=1024))
     assert "output the final answer" in tok.decode(messages["input_ids"])  # the chat-message column works too
     assert torch.tensor(ex["input_ids"]).max() < len(tok)
+
+
+def hub_serving(monkeypatch, served: dict):
+    """``datasets.load_dataset`` answering from ``served`` {(name, config, split): rows} as the hub would, and failing
+    as an offline machine does for anything else (no network here: the conversion is what is under test)."""
+    import datasets
+    real = datasets.load_dataset
+
+    def load_dataset(name, config=None, split=None, **kwargs):
+        if "data_files" in kwargs:  # a local file
+            return real(name, config, split=split, **kwargs)
+        if (name, config, split) not in served:
+            raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)")
+        return datasets.Dataset.from_list(served[name, config, split])
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+
+def test_public_datasets_read_alike_from_the_hub_and_from_the_local_copy(monkeypatch):
+    """Recipes name the public datasets by hub name; --data.local-dir reads the reference's copy instead. The same
+    keys must read both: SFT's extra_info.question / extra_info.answer and RL's prompt and ground truth."""
+    from dare.data import RLDataConfig, prompt_rows
+    if not (SHARED / "data").is_dir():
+        pytest.skip("../shared is absent")
+    sft_copy = load_rows("openai/gsm8k:main", "train", str(SHARED / "data" / "sft")).select(range(6))
+    math_copy = load_rows("HuggingFaceH4/MATH-500", "test", str(SHARED / "data" / "rl")).select(range(6))
+    hub_serving(monkeypatch, {  # the hub's own columns: GSM8K's answer ends "#### 72", MATH-500 has answer + solution
+        ("openai/gsm8k", "main", "train"): [{"question": r["extra_info"]["question"], "answer": r["extra_info"]["answer"]}
+                                            for r in sft_copy],
+        ("HuggingFaceH4/MATH-500", None, "test"): [{"problem": r["prompt"][0]["content"], "solution": "...",
+                                                   "answer": r["reward_model"]["ground_truth"]} for r in math_copy]})
+    hub = load_rows("openai/gsm8k:main", "train")
+    for key in ("extra_info.question", "extra_info.answer", "reward_model.ground_truth"):
+        assert [get_field(r, key) for r in hub] == [get_field(r, key) for r in sft_copy], key
+    for name, split in [("openai/gsm8k:main", "train"), ("HuggingFaceH4/MATH-500", "test")]:
+        from_hub = prompt_rows(name, split, RLDataConfig(), limit=6)
+        from_copy = prompt_rows(name, split, RLDataConfig(local_dir=str(SHARED / "data" / "rl")), limit=6)
+        assert [(r["prompt"], r["ground_truth"], r["data_source"]) for r in from_hub] == \
+            [(r["prompt"], r["ground_truth"], r["data_source"]) for r in from_copy], name
+    assert from_hub[0]["prompt"][-1]["content"].endswith("\\boxed{}.")  # the reward's format asked for, both ways
+
+
+def test_public_dataset_errors_name_the_flag(monkeypatch, tmp_path):
+    hub_serving(monkeypatch, {})
+    with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main \(split train\) could not be loaded "
+                                      r"\(ConnectionError: .*\); with a local copy \(gsm8k_1.parquet/gsm8k_train.parquet\) "
+                                      r"give its folder as --data.local-dir"):
+        load_rows("openai/gsm8k:main", "train")
+    with pytest.raises(FileNotFoundError, match=r"openai/gsm8k:main, split 'test': no local copy in .* \(looked for "
+                                                r".*/test/gsm8k_1.parquet, .*/gsm8k_1.parquet, .*/test/gsm8k_test.parquet"):
+        load_rows("openai/gsm8k:main", "test", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no public hub copy of the reference's sudoku-n20000_1.parquet"):
+        load_rows("sudoku", "train")
+
+
+def test_math_train_rows_take_the_answer_from_the_solutions_last_box():
+    from dare.data.public import PUBLIC
+    row = PUBLIC["DigitalLearningGmbH/MATH-lighteval"].convert(
+        {"problem": "What is $1+1$?", "solution": "We add: $\\boxed{1}$ no, $1+1=\\boxed{2}$.", "level": "Level 1"})
+    assert row["reward_model"]["ground_truth"] == "2" and row["data_source"] == "math"
+    assert row["extra_info"] == {"task": "math", "question": "What is $1+1$?",
+                                 "answer": "We add: $\\boxed{1}$ no, $1+1=\\boxed{2}$."}

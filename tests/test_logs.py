@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 from test_train_rl import data, rl_args  # noqa: F401  (the data fixture)
 from transformers import TrainerCallback
 
+import dare.trainers
 import train_rl
 import train_sft
 from dare.trainers import fit
@@ -38,7 +39,7 @@ def killed_at(step, monkeypatch):
     def fit_then_die(trainer, *args, **kwargs):
         trainer.add_callback(KillAfter(step))
         return fit(trainer, *args, **kwargs)
-    monkeypatch.setattr(train_rl, "fit", fit_then_die)
+    monkeypatch.setattr(dare.trainers, "fit", fit_then_die)  # train_rl.main imports it when it runs
 
 
 def tensorboard_steps(out: Path, server: bool = False) -> dict[str, Counter]:

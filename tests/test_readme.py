@@ -110,3 +110,24 @@ def test_linter_is_clean():
     pytest.importorskip("ruff")
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+@pytest.mark.parametrize("script", ["train_rl.py", "train_sft.py"])
+def test_local_copy_commands_run_as_written(script, tmp_path):
+    """The README's offline line (the recipe + --data.local-dir) runs as written, with the 8B model swapped for a
+    tiny one of its family and one short step appended."""
+    import shlex
+    if not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("../shared is absent")
+    line = next(ln for ln in README.splitlines() if ln.startswith(f"python {script} ") and "--data.local-dir" in ln)
+    argv = shlex.split(line.split("#")[0])[1:]
+    short = {"train_rl.py": ["--prompts-per-step", "2", "--num-generations", "2", "--micro-batch-size", "2",
+                             "--rollout.gen-length", "8", "--rollout.block-length", "8", "--rollout.steps", "8",
+                             "--data.limit", "2", "--data.eval-path", "None"],
+             "train_sft.py": ["--per-device-train-batch-size", "1", "--gradient-accumulation-steps", "1",
+                              "--data.limit", "2", "--data.max-length", "1024"]}[script]
+    argv += ["--model", "tiny:llada", "--max-steps", "1", "--save-steps", "1", "--no-bf16",
+             "--no-gradient-checkpointing", "--report-to", "none", "--output-dir", str(tmp_path / "out"), *short]
+    res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "out" / "model.safetensors").exists()

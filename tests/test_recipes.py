@@ -1,13 +1,14 @@
 """Every recipe under recipes/ parses into its script's Args (train_sft.py for sft*.yaml, train_rl.py for the rest;
-unknown keys raise), names a known model family and points at data that exists; every accelerate config under
+unknown keys raise), names a known model family and reads public datasets by hub name whose local copies exist; every accelerate config under
 accelerate_configs/ loads with the installed accelerate."""
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT, SHARED, load_script
 
 import train_rl
 import train_sft
 from dare.config import parse, peek
+from dare.data.public import PUBLIC
 from dare.models import Family, tiny
 
 STANDIN_RECIPES = sorted((ROOT / "recipes" / "standin").glob("*.yaml"))  # bench models: tests/test_benches.py
@@ -25,11 +26,14 @@ def test_recipes_exist():
     assert len(SFT_RECIPES) >= 2 * len(FAMILY_MARKERS)
 
 
-def check_paths(path, *paths):
-    if not (ROOT.parent / "shared").is_dir():
-        pytest.skip("../shared is absent: data path not checked")
-    for data in (ROOT / p.strip() for group in paths for p in group.split(",")):
-        assert data.exists(), f"{path.name}: {data} does not exist"
+def check_paths(path, local: str, *paths: tuple[str, str]):
+    """Every data source of the recipe is a public dataset by hub name (or a generated task), and the local copy that
+    ``--data.local-dir ../shared/data/<local>`` reads instead exists."""
+    for group, split in paths:
+        for name in (p.strip() for p in group.split(",")):
+            assert name in PUBLIC or name.startswith("task:"), f"{path.name}: {name} is not a public dataset"
+            if name in PUBLIC and SHARED.is_dir():
+                assert PUBLIC[name].local(split, str(SHARED / "data" / local)).exists()
 
 
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
@@ -41,7 +45,7 @@ def test_sft_recipe_parses(path):
     assert isinstance(args.learning_rate, float) and 0 < args.learning_rate < 1e-3
     assert args.data.prompt_key and args.data.response_key and args.data.max_length > 0
     assert (args.lora.rank > 0) == path.stem.endswith("lora")
-    check_paths(path, args.data.path)
+    check_paths(path, "sft", (args.data.path, "train"))
 
 
 @pytest.mark.parametrize("path", RL_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
@@ -62,7 +66,7 @@ def test_rl_recipe_parses(path):
         assert args.preference.path and args.preference.chosen_key and args.preference.rejected_key
         return
     assert args.save_steps % args.algo_config.cycle == 0
-    check_paths(path, args.data.path, *([args.data.eval_path] if args.data.eval_path else []))
+    check_paths(path, "rl", (args.data.path, "train"), *([(args.data.eval_path, "test")] if args.data.eval_path else []))
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
@@ -114,14 +118,14 @@ def shared_data():
 @pytest.mark.parametrize("path", [p for p in RL_RECIPES if p.stem.endswith(("_math", "_math_paper"))],
                          ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
-    """Each shipped RL recipe starts on its real data section (every file loaded whole through the loaders the
+    """Each shipped RL recipe, offline with the one flag --data.local-dir, starts on its real data section (every file loaded whole through the loaders the
     recipe uses, rows its reward cannot score dropped and reported) and trains on one rollout: a tiny model of its
     family, eight prompts, short completions (a masked family's semi-AR blocks and step counts shrink to fit), one
     pass (its mini-batches are the optimiser steps)."""
     from test_train_rl import set_fields
     shared_data()
     algo = peek("algo", ["--config", str(path)])
-    args = parse(train_rl.args_class(algo), ["--config", str(path)])
+    args = parse(train_rl.args_class(algo), ["--config", str(path), "--data.local-dir", str(SHARED / "data" / "rl")])
     family = path.parent.name
     args = set_fields(args, model=f"tiny:{family}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
                       prompts_per_step=2, num_generations=4, micro_batch_size=2, bf16=False, report_to="none",
@@ -134,8 +138,8 @@ def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
     args.max_steps = args.save_steps = args.algo_config.cycle
     train_rl.main(args)
     assert (tmp_path / f"checkpoint-{args.max_steps}").is_dir()
-    if "math_1.parquet" in args.data.path:
-        assert "math_1.parquet: dropped 4 of 7474 rows the reward cannot score: 4 no ground truth (rows 886, 1009, " \
+    if "DigitalLearningGmbH/MATH-lighteval" in args.data.path:
+        assert "DigitalLearningGmbH/MATH-lighteval: dropped 4 of 7474 rows the reward cannot score: 4 no ground truth (rows 886, 1009, " \
                "5328, 5330)" in capsys.readouterr().out
 
 
@@ -143,7 +147,7 @@ def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
 def test_sft_recipe_runs_a_step_on_its_own_data(path, tmp_path):
     from test_train_rl import set_fields
     shared_data()
-    args = parse(train_sft.Args, ["--config", str(path)])
+    args = parse(train_sft.Args, ["--config", str(path), "--data.local-dir", str(SHARED / "data" / "sft")])
     args = set_fields(args, model=f"tiny:{path.parent.name}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
                       bf16=False, report_to="none", per_device_train_batch_size=2, gradient_accumulation_steps=1,
                       data__limit=8, data__max_length=1024)  # the tiny models' positions

@@ -254,3 +254,17 @@ def test_reward_router_specs():
     results = RewardRouter(["auto"]).score(["\\boxed{4}", program, "\\boxed{5}", "<answer>2+3</answer>"],
                                            [row, code, row, countdown], workers=4)  # the code row runs in a thread
     assert [r.score for r in results] == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_own_reward_by_import_path():
+    """``--rewards my_module.my_function``: a function on the Python path, returning a RewardResult or a float
+    (accuracy 1 when positive); a path that does not import is refused naming it."""
+    from dare.rewards import RewardResult, get_reward
+    from dare.rewards.routing import RewardRouter
+    length = get_reward("dare_test_rewards.length")  # tests/dare_test_rewards.py
+    assert length("abc", "x") == RewardResult(0.5, 1.0) and length("abcdefg", "x") == RewardResult(0.0, 0.0)
+    row = {"data_source": "addition", "ground_truth": "5", "extra_info": {}}
+    assert [r.score for r in RewardRouter(["dare_test_rewards.length:2"]).score(["abc", "ab"], [row, row])] == \
+        [1.0, pytest.approx(2 / 3)]
+    with pytest.raises(ValueError, match=r"reward 'no_such_module.fn': cannot import it \(No module named"):
+        get_reward("no_such_module.fn")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import train_sft
+from dare.lora import apply_lora
 from dare.models import load_pretrained, tiny
-from dare.models.lora import apply_lora
 from dare.trainers import COMPLETE, latest_complete_checkpoint
 
 
@@ -117,6 +117,8 @@ def test_unknown_family_is_refused(tmp_path, arithmetic):
     from transformers import LlamaConfig, LlamaForCausalLM
     LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                  vocab_size=64)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="eval_generate needs held-out prompts: set data.eval_path and eval_steps"):
+        train_sft.main(args_for(arithmetic, tmp_path / "out", max_steps=1, eval_generate=4))
     with pytest.raises(ValueError, match="Unknown model family 'llama'"):
         train_sft.main(args_for(arithmetic, tmp_path / "out", model=str(tmp_path / "llama"), max_steps=1))
 
@@ -124,17 +126,35 @@ def test_unknown_family_is_refused(tmp_path, arithmetic):
 def test_held_out_loss_is_logged_with_fixed_masks_and_leaves_training_unchanged(tmp_path):
     """With data.eval_path, eval_loss is logged every eval_steps on held-out questions (task:addition's test split),
     falls as the model learns, uses the same masks every time (evaluating one model twice gives the same number) and
-    does not touch the training run (the weights equal those of a run without evaluation)."""
+    does not touch the training run (the weights equal those of a run without evaluation), nor does --eval-generate."""
     def sft(out, eval_path=None, **kw):
         args = args_for("task:addition", out, max_steps=60, save_steps=60, per_device_train_batch_size=16, **kw)
         args.data.prompt_key, args.data.response_key = "prompt", "extra_info.solution"
         args.data.eval_path, args.data.eval_limit = eval_path, 32
         return args, train_sft.main(args)
 
-    args, trainer = sft(tmp_path / "eval", "task:addition", eval_steps=20)
+    from dare.engines import HFEngine
+    from dare.rewards.routing import RewardRouter
+    from dare.sampling import SamplingConfig
+    greedy = SamplingConfig(gen_length=16, temperature=0.0)
+    args, trainer = sft(tmp_path / "eval", "task:addition", eval_steps=20, eval_generate=8, eval_sampling=greedy)
     evals = [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
     assert [s for s, _ in evals] == [20, 40, 60] and evals[-1][1] < evals[0][1], evals
     assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.evaluate()["eval_loss"], abs=0)
+    # --eval-generate: the first 8 held-out prompts decoded at each evaluation, scored by their reward; the last
+    # one is what the final weights answer when decoded on their own
+    generated = [h for h in trainer.state.log_history if "eval_acc" in h]
+    assert [h["step"] for h in generated] == [20, 40, 60, 60, 60]  # + the two direct evaluate() calls above
+    assert all(h["eval_acc/addition"] == h["eval_acc"] and 0 < h["eval_completion_length"] <= 16 for h in generated)
+    rows = trainer.generation[0]
+    assert len(rows) == 8 and rows[0]["prompt"][-1]["content"] == "What is 4 + 9? Put the final answer in \\boxed{}."
+    alone = HFEngine(trainer.model.eval(), trainer.processing_class, trainer.family).generate(
+        [r["prompt"] for r in rows], 1, greedy, seed=args.seed)
+    accuracy = sum(r.acc for r in RewardRouter(["auto"]).score(alone.texts, rows)) / 8
+    length = alone.completion_mask.sum(-1).float().mean().item()
+    print(f"eval_acc at steps 20/40/60: {[h['eval_acc'] for h in generated[:3]]}, completion length "
+          f"{[h['eval_completion_length'] for h in generated[:3]]}; decoded alone: {accuracy}, {length}")
+    assert (generated[-1]["eval_acc"], generated[-1]["eval_completion_length"]) == (accuracy, pytest.approx(length))
     _, plain = sft(tmp_path / "plain")
     for (name, a), b in zip(trainer.model.state_dict().items(), plain.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name

@@ -2,20 +2,28 @@
 
 from pathlib import Path
 
-import datasets
-
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 
 
 TASK_ROWS = {"train": 10_000, "test": 500}  # rows drawn from a generated task per split
 
 
-def load_rows(path: str, split: str = "train") -> datasets.Dataset:
+def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> "datasets.Dataset":  # noqa: F821
     """A local file (parquet/jsonl/json), a folder of such files, a hub dataset name (``name`` or ``name:config``),
     or ``task:<name>``: rows of a generated task (``dare.data.tasks``; 10,000 for ``train``, 500 held-out questions
-    for ``test``, seed 0)."""
+    for ``test``, seed 0). A public dataset the recipes use (``dare.data.public``) arrives in the reference schema,
+    read from its local copy in ``local_dir`` when that is given."""
+    import datasets  # here, not at the top: --help imports this module
+
+    from .public import PUBLIC
+
     local = Path(path)
-    if path.startswith("task:"):
+    if path in PUBLIC:
+        public = PUBLIC[path]
+        if local_dir:
+            return load_rows(str(public.local(split, local_dir)))
+        rows = datasets.Dataset.from_list(public.download(split))
+    elif path.startswith("task:"):
         from .tasks import make_task
         if split not in TASK_ROWS:
             raise ValueError(f"{path}: split must be one of {sorted(TASK_ROWS)}, got {split!r}")

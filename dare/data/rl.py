@@ -16,7 +16,8 @@ from .sft import as_messages
 
 @dataclass
 class RLDataConfig:
-    path: str = "../shared/data/rl/train/gsm8k_1.parquet"  # parquet/jsonl/json file or folder, or hub name; a,b = both
+    path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME; a,b = both
+    local_dir: str | None = None  # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/rl
     split: str = "train"  # hub datasets only
     eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
     eval_split: str = "test"  # split of a hub eval dataset
@@ -42,7 +43,7 @@ def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None =
 
 def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
     out, dropped = [], defaultdict(list)
-    for i, row in enumerate(load_rows(path, split)):
+    for i, row in enumerate(load_rows(path, split, config.local_dir)):
         try:
             truth = get_field(row, config.answer_key)
             prompt = as_messages(get_field(row, config.prompt_key), config.system_prompt)

@@ -17,10 +17,12 @@ from .loading import get_field
 
 @dataclass
 class SFTDataConfig:
-    path: str = "../shared/data/sft/train/gsm8k_train.parquet"  # parquet/jsonl/json file or folder, or hub name
+    path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME
+    local_dir: str | None = None  # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/sft
     split: str = "train"  # hub datasets only
     prompt_key: str = "extra_info.question"  # column holding the prompt (text or a list of chat messages); a.b = nested
     response_key: str = "extra_info.answer"  # column holding the response text
+    answer_key: str = "reward_model.ground_truth"  # the final answer the rewards compare with (only for train_sft.py --eval-generate)
     system_prompt: str | None = None  # prepended as a system message when the prompt is plain text
     max_length: int = 1024  # prompt + response tokens per example
     truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")

@@ -151,14 +151,15 @@ class GatedMLP(nn.Module):
 
 
 class Router(nn.Module):
-    """Router weight ``[E, H]`` (+ the selection-only ``expert_bias`` buffer of LLaDA2). Deliberately not an
+    """Router weight ``[E, H]`` (+ the selection-only, frozen ``expert_bias`` of LLaDA2). Deliberately not an
     ``nn.Linear``: PEFT's "all-linear" must not put adapters on routers."""
 
     def __init__(self, hidden: int, num_experts: int, expert_bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
-        if expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(num_experts))
+        if expert_bias:  # frozen (updated by the load balancer, not by gradients); a parameter, not a buffer, so
+            # that FSDP2 shards it like every other state-dict entry (accelerate's sharded loading expects that)
+            self.expert_bias = nn.Parameter(torch.zeros(num_experts), requires_grad=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Router logits in fp32."""
@@ -181,7 +182,10 @@ class SparseMoE(nn.Module):
         h = x.reshape(-1, x.shape[-1])
         weights, indices = self.route(h)
         out = torch.zeros_like(h)
-        for e in indices.unique().tolist():
+        # with several processes every expert runs, on no token where none chose it: the processes must use the
+        # same parameters in the same order (ZeRO-3 gathers each expert as it runs; DDP / ZeRO-2 reduce every grad)
+        every = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        for e in range(len(self.experts)) if every else indices.unique().tolist():
             token, slot = torch.where(indices == e)
             out.index_add_(0, token, (self.experts[e](h[token]) * weights[token, slot, None]).to(h.dtype))
         return out.view_as(x)
@@ -196,6 +200,13 @@ class DiffusionPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = False
     _supports_attention_backend = True
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """Every family dispatches through ``ALL_ATTENTION_FUNCTIONS`` (``attend`` or transformers' own layers), so
+        ``set_attn_implementation`` may switch it; transformers' source heuristic misses ``attend`` and would refuse
+        (LLaDA2 declares an ``*Attention(nn.Module)`` without the lookup in its own file)."""
+        return True
 
     def _init_weights(self, module):
         super()._init_weights(module)

@@ -39,9 +39,28 @@ def reward(name: str) -> Callable[[RewardFn], RewardFn]:
 
 
 def get_reward(name: str) -> RewardFn:
+    """The reward registered as ``name``, or your own function by import path (``my_rewards.length_bonus``: a
+    module on the Python path, e.g. next to the script; same signature, a RewardResult or a float score)."""
+    if name not in REWARDS and "." in name:
+        import importlib
+        module, _, attr = name.rpartition(".")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"reward {name!r}: cannot import it ({e}); known rewards: "
+                             f"{', '.join(sorted(REWARDS))}") from None
+        REWARDS[name] = _as_result(fn)
     if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}")
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}, or "
+                         "module.function of your own")
     return REWARDS[name]
+
+
+def _as_result(fn: Callable) -> RewardFn:
+    def scored(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+        out = fn(completion, ground_truth, extra_info)
+        return out if isinstance(out, RewardResult) else RewardResult(float(out), float(float(out) > 0))
+    return scored
 
 
 def combine(names_with_weights: list[tuple[str, float]] | dict[str, float]) -> RewardFn:

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..models.family import max_positions
 from .primitives import CONFIDENCE, THRESHOLD_RULES
 
 PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
@@ -188,6 +187,7 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler. A decoding with a
     fixed schedule can be resumed: ``canvas`` is the generated region so far (masks where undecoded) and only the
     scheduled steps ``from_step .. to_step - 1`` run (tree rollouts; ``schedule_length`` counts the steps)."""
+    from ..models.family import max_positions  # here, not at the top: --help imports this module
     from .block import generate_block
     from .masked import generate_masked
     config = (config or SamplingConfig()).check(family, "sampling", prompt_ids.shape[1],

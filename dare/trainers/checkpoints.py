@@ -68,6 +68,6 @@ def fit(trainer, resume: bool = False, merged_dir: str | None = None):
         trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
     if merged_dir:
-        from ..models.lora import export_merged
+        from ..lora import export_merged
         export_merged(trainer, trainer.processing_class, merged_dir)
     return trainer

@@ -22,12 +22,13 @@ from transformers import Trainer
 
 from ..data.preference import PreferenceCollator
 from .checkpoints import CompleteCheckpoints
+from .distributed import ShardedTraining
 from .logs import TrainerLogs
 from .reference import frozen_copy, reference
 from .rl import RepeatSampler
 
 
-class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
+class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
     """``per_device_train_batch_size`` = pairs per micro-batch (2 rows each: chosen and rejected)."""
 
     def __init__(self, model, args, *, algorithm, family, processing_class, train_pairs: list[dict], data,

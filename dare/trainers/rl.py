@@ -20,19 +20,19 @@ import os
 import time
 import warnings
 from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
 from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from transformers import Trainer
-from trl.models.utils import unwrap_model_for_generation
 
 from ..engines import HFEngine
 from ..engines.hf import decode_completions
 from .checkpoints import CompleteCheckpoints
+from .distributed import ShardedTraining
 from .logs import TrainerLogs
 from .reference import frozen_copy, reference
+from .validation import eval_policy, generation_metrics
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
 
@@ -59,7 +59,7 @@ class RepeatSampler(Sampler):
         return self.size // self.prompts_per_step * self.prompts_per_step * self.repeat
 
 
-class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
+class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
     """``per_device_train_batch_size`` = prompts per rank per step; ``gradient_accumulation_steps`` = micro-batches
     the ``prompts x num_generations`` completions are split into. ``completions.jsonl`` numbers each rollout by the
     optimiser step it is made for (the first, with inner iterations): the step whose log holds its rewards."""
@@ -117,7 +117,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
         algo, family, G = self.algorithm, self.family, self.num_generations
         index = self.state.global_step // algo.cycle
         start = time.perf_counter()
-        with self._policy() as policy, self.compute_loss_context_manager():
+        with eval_policy(self) as policy, self.compute_loss_context_manager():
             engine = HFEngine(policy, self.processing_class, family, self.rollout_batch_size)
             rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling, self._seed("rollout", index))
         rolled = time.perf_counter()
@@ -157,7 +157,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
         """Log-likelihoods under the rollout policy (the "old" policy of every inner iteration) and the reference,
         on the same noise and micro-batches the gradient passes will use."""
         algo, family = self.algorithm, self.family
-        with self._policy() as policy, self.compute_loss_context_manager():
+        with eval_policy(self) as policy, self.compute_loss_context_manager():
             for part in parts:
                 for noise in part["noise"]:
                     if algo.cycle > 1 and algo.uses_ratio:
@@ -172,17 +172,6 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
         if isinstance(value, dict):
             return [dict(zip(value, chunk, strict=True)) for chunk in zip(*(self._split(v) for v in value.values()), strict=True)]
         return value.tensor_split(pieces)
-
-    @contextmanager
-    def _policy(self):
-        """The policy for no-grad passes: unwrapped from DDP (ZeRO-3 parameters gathered), in eval mode."""
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
-            was_training = model.training
-            model.eval()
-            try:
-                yield model
-            finally:
-                model.train(was_training)
 
     def _seed(self, *parts) -> int:
         key = repr((self.args.seed, self.accelerator.process_index) + parts).encode()
@@ -255,24 +244,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
 
     # -- validation ---------------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        rows = eval_dataset or self.eval_dataset
-        mine = rows[self.accelerator.process_index::self.accelerator.num_processes]
-        start, scored = time.perf_counter(), []
-        if mine:
-            with self._policy() as policy, self.compute_loss_context_manager():
-                engine = HFEngine(policy, self.processing_class, self.family, self.rollout_batch_size)
-                rollout = engine.generate([r["prompt"] for r in mine], 1, self.eval_sampling, seed=self.args.seed)
-            results = self.rewards.score(rollout.texts, mine, self.reward_workers)
-            lengths = rollout.completion_mask.sum(-1).tolist()
-            scored = [(r["data_source"], res.score, res.acc, n) for r, res, n in zip(mine, results, lengths, strict=True)]
-        scored = [s for part in gather_object([scored]) for s in part]
-        metrics = {f"{metric_key_prefix}_seconds": round(time.perf_counter() - start, 3)}
-        for source in [None, *sorted({s[0] for s in scored})]:
-            pick = [s for s in scored if source is None or s[0] == source]
-            tag = "" if source is None else f"/{source}"
-            metrics[f"{metric_key_prefix}_reward{tag}"] = sum(s[1] for s in pick) / len(pick)
-            metrics[f"{metric_key_prefix}_acc{tag}"] = sum(s[2] for s in pick) / len(pick)
-        metrics[f"{metric_key_prefix}_completion_length"] = sum(s[3] for s in scored) / len(scored)
+        metrics = generation_metrics(self, eval_dataset or self.eval_dataset, self.eval_sampling, self.rewards,
+                                     self.reward_workers, self.rollout_batch_size, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

@@ -1,20 +1,38 @@
 """SFT trainer: ``transformers.Trainer`` (logging, evaluation, checkpointing, accumulation, mixed precision,
 gradient checkpointing, ``report_to``, DDP/FSDP/DeepSpeed through Accelerate) with the family's masked-diffusion
-SFT loss from ``dare.objectives``; only ``compute_loss``, checkpoint completion and the logs (``logs.py``) are ours."""
+SFT loss from ``dare.objectives``; only ``compute_loss``, checkpoint completion, the logs (``logs.py``) and the optional
+generation accuracy of held-out prompts at each evaluation (``validation.py``) are ours."""
 
 import torch
 from transformers import Trainer
 
-from ..objectives import sft_loss
+from ..objectives import sft_loss, sft_noise, sft_units
 from .checkpoints import CompleteCheckpoints
+from .distributed import ShardedTraining
 from .logs import TrainerLogs
+from .validation import generation_metrics
+
+GENERATION_BATCH = 16  # held-out prompts decoded together by the optional generation accuracy
 
 
-class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
-    def __init__(self, *args, family, **kwargs):
+class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
+    def __init__(self, *args, family, generation=None, **kwargs):
+        """``generation``: ``(rows, sampling, rewards)``, held-out RL rows decoded with ``sampling`` and scored by
+        ``rewards`` at every evaluation, beside the held-out loss (``eval_acc``, ``eval_reward``, per data source)."""
         super().__init__(*args, **kwargs)
-        self.family = family
-        self.loss_is_scaled_for_ga = False  # sft_loss is a micro-batch mean: let Trainer divide by accumulation
+        self.family, self.generation = family, generation
+        self.loss_is_scaled_for_ga = True  # each micro-batch loss divides by the whole step's count (below)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The micro-batches of one optimiser step, each with its noise drawn now (the same draws, in the same order,
+        as drawing them in each micro-step), and the step's normaliser: the rows or masked tokens (``sft_units``)
+        of every micro-batch on every process, over the processes (which average gradients)."""
+        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        units = torch.zeros((), device=device)
+        for batch in batches:
+            batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"])
+            units = units + sft_units(self.family, batch["loss_mask"], batch["masked"]).to(device)
+        return batches, self.accelerator.reduce(units, "sum") / self.accelerator.num_processes
 
     def evaluate(self, *args, **kwargs):
         """The held-out loss with the same masks at every evaluation (seeded from ``args.seed``), so evaluations
@@ -22,6 +40,14 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
         with torch.random.fork_rng(devices=[self.args.device] if self.args.device.type == "cuda" else []):
             torch.manual_seed(self.args.seed)
             return super().evaluate(*args, **kwargs)
+
+    def evaluation_loop(self, *args, metric_key_prefix: str = "eval", **kwargs):
+        output = super().evaluation_loop(*args, metric_key_prefix=metric_key_prefix, **kwargs)
+        if self.generation is not None:
+            rows, sampling, rewards = self.generation
+            output.metrics.update(generation_metrics(self, rows, sampling, rewards, GENERATION_BATCH, GENERATION_BATCH,
+                                                     metric_key_prefix))
+        return output
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with torch.no_grad():
@@ -31,8 +57,9 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, Trainer):
         return 0  # Trainer would recount the parameters every step for a FLOPs estimate nobody reads
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"],
-                               inputs["attention_mask"], return_parts=True)
+        loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"], inputs["attention_mask"],
+                               t=inputs.get("t"), masked=inputs.get("masked"), normaliser=num_items_in_batch,
+                               return_parts=True)
         if self.model.training and self.state.global_step % max(self.args.logging_steps, 1) == 0:
             self._masked_fraction = float(parts["n_masked"].sum() / parts["answer_len"].sum().clamp(min=1))
         return (loss, None) if return_outputs else loss

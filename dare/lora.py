@@ -27,8 +27,20 @@ def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
 
 
 def export_merged(trainer, tokenizer, folder: str) -> None:
-    """Write the LoRA-merged model as a plain HF folder with the official key names (main process only)."""
-    if trainer.is_world_process_zero():
-        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-        merged.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+    """Write the LoRA-merged model as a plain HF folder with the official key names. Every process must call it:
+    the weights are first gathered whole (FSDP2 and ZeRO-3 shard them), then merged on the main process into a
+    copy built on the meta device around the gathered tensors, so the trained model itself stays as it is."""
+    import torch
+    from peft import get_peft_model
+
+    state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective: full weights on the main process
+    if not trainer.is_world_process_zero():
+        return
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    base = trained.get_base_model()
+    with torch.device("meta"):
+        copy = get_peft_model(type(base)(base.config), trained.peft_config[trained.active_adapter])
+    copy.load_state_dict(state, strict=True, assign=True)
+    merged = copy.merge_and_unload()
+    merged.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

@@ -1,0 +1,71 @@
+"""Data-parallel launches that do what their accelerate config says, on GPUs and on CPU processes alike.
+
+    training_args = TrainingArguments(..., **process_group_args())   # before the first use of the args' device
+    class MyTrainer(ShardedTraining, Trainer): ...
+
+Three gaps of accelerate / transformers closed here:
+- Without CUDA, accelerate finds no backend for a multi-process launch: each process thinks it is alone (N
+  independent runs into one folder) or, given gloo, runs unsynchronised. ``process_group_args`` selects gloo and,
+  for non-DeepSpeed launches, accelerate's CPU mode, which makes the processes data-parallel.
+- In CPU mode accelerate silently drops the FSDP plugin and wraps the model in DDP. ``ShardedTraining`` restores
+  it (FSDP2 ``fully_shard`` runs over gloo), so a config that asks for sharding shards, on CPU too; a multi-process
+  run left with no wrapper at all is refused.
+- With ``SHARDED_STATE_DICT`` (the FSDP config's choice for checkpoints) ``Trainer.save_model`` writes no model at
+  all; the final save gathers a full state dict instead, so ``output_dir`` is a plain model folder.
+"""
+
+import os
+
+import torch
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def process_group_args() -> dict:
+    """``TrainingArguments`` keywords for this launch: gloo between CPU processes (and accelerate's CPU mode for
+    every launch but DeepSpeed's, whose CPU path needs it off); nothing on CUDA machines or single processes."""
+    if torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return {}
+    if not _env_true("ACCELERATE_USE_DEEPSPEED"):
+        os.environ["ACCELERATE_USE_CPU"] = "true"  # accelerate launch wrote "False" there: no GPU means CPU mode
+    return {"ddp_backend": "gloo"}
+
+
+def restore_fsdp(accelerator, plugin_args: dict | None = None) -> bool:
+    """Give ``accelerator`` back the FSDP plugin that accelerate dropped for CPU processes (the launch's FSDP_* env,
+    or ``plugin_args``); True if it did. Call it before ``accelerator.prepare``."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    wanted = _env_true("ACCELERATE_USE_FSDP") or plugin_args is not None
+    if not wanted or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # reads the FSDP_* env of accelerate launch
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    return True
+
+
+class ShardedTraining:
+    """Trainer mixin: FSDP on CPU processes as the config asks, no unsynchronised multi-process run, and a full
+    final save under sharded checkpoints (see the module docstring)."""
+
+    def create_accelerator_and_postprocess(self):
+        from accelerate.utils import DistributedType
+
+        super().create_accelerator_and_postprocess()
+        self.is_fsdp_enabled = self.is_fsdp_enabled or restore_fsdp(self.accelerator, self.args.fsdp_plugin_args)
+        if self.accelerator.num_processes > 1 and self.accelerator.state.distributed_type == DistributedType.NO:
+            raise RuntimeError(f"{self.accelerator.num_processes} processes but no distributed wrapper: their "
+                               "gradients would never be synchronised. On CPU, launch with ACCELERATE_USE_CPU=1 "
+                               "(or accelerate launch --cpu).")
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        if self.is_fsdp_enabled and not _internal_call:  # the final folder: gathered weights, not DCP shards
+            self.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        return super().save_model(output_dir, _internal_call)
