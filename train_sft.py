@@ -40,6 +40,7 @@ class Args:
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    sequence_parallel: int = 1  # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size = processes / this
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     logging_steps: int = 10  # log metrics every N optimiser steps
     save_steps: int = 500  # write a checkpoint every N optimiser steps
@@ -69,6 +70,9 @@ def main(args: Args):
 
     set_seed(args.seed)
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
+    if args.sequence_parallel > 1 and (args.data.pad_to != "max_length" or args.data.max_length % args.sequence_parallel):
+        raise ValueError(f"sequence_parallel={args.sequence_parallel} splits every row: use data.pad_to=max_length "
+                         f"with a data.max_length divisible by it (got {args.data.pad_to}, {args.data.max_length})")
     positions = max_positions(config)
     if positions and args.data.max_length > positions:
         raise ValueError(f"data.max_length {args.data.max_length} is more than the model's {positions} positions "
@@ -100,7 +104,7 @@ def main(args: Args):
         eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size,
         **process_group_args())
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
-                                  family=family, generation=generation,
+                                  family=family, generation=generation, sequence_parallel=args.sequence_parallel,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
                                   console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None

@@ -24,6 +24,13 @@ recipe we follow UPSTREAM:
 
 Block families (sdar, sdar_moe, llada2) are trained on the doubled ``[x_t ‖ x_0]`` layout, built by
 ``Family.logits(..., clean_ids=x_0)``.
+
+Packed rows (``SFTDataConfig.pack``; ``segment_ids`` in ``dare.objectives``): every recipe applies per example (its own
+t, its masks, SDAR's min_one, its answer length), but no example has an EOS tail: the maskable positions are its
+response with its own turn terminator and EOS, and the padding after the last example of a row is never attended,
+masked or counted. For llada2 that is the recipe unchanged (pads are already padding). For llada, dream and sdar it
+drops upstream's EOS padding (which also teaches a fixed-length canvas to end in EOS) and ℓ_seq becomes the response
+length; the model still learns to close its answer. SDAR's own trainer packs samples the same way (position restarts).
 """
 
 from dataclasses import dataclass

@@ -1,7 +1,8 @@
 """The benches cannot rot: the GPU check's dry run (tiny models, CPU, short lengths) runs every row of its table;
 the live-tensor peak counts what is alive, never freed memory; the trained stand-in recipes train and feed
-bench_sampling.py."""
+bench_sampling.py; the packing bench runs its quick mode."""
 
+import os
 import re
 import subprocess
 import sys
@@ -60,3 +61,26 @@ def test_standin_recipe_trains_and_benches(path, tmp_path):
     assert len(rows) == (4 if path.stem == "sdar" else 6), out.stdout
     assert all(re.search(r"\| [\d.]+% \| [\d.]+ \|$", row) for row in rows), rows  # quality, wall seconds
     assert "trained (" in out.stdout and "held-out task:cycle questions" in out.stdout
+
+
+def test_sequence_parallel_bench_halves_the_activations():
+    """bench/bench_sequence_parallel.py runs (SP=1 in one process, SP=2 on two gloo ranks) and SP=2 holds less than
+    SP=1 per process at a sequence where activations dominate the weights."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sequence_parallel.py"), "--lengths", "512"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| 512 |"))
+    print(row)
+    one, two = (float(x) for x in row.split("|")[2:4])
+    assert two < 0.75 * one, row
+
+
+def test_packing_bench_quick():
+    """bench_packing.py --quick on the shared GSM8K SFT data: one step per mode; packing leaves the least padding."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    table = load_script(ROOT / "bench" / "bench_packing.py", "dare_bench_packing").main(["--quick"])
+    if not table:
+        pytest.skip("the GSM8K SFT parquet of ../shared is absent")
+    modes, rates, padding = zip(*table, strict=True)
+    assert modes == ("pad max_length", "pad longest", "packed")
+    assert padding[0] > padding[1] > padding[2] and min(rates) > 0

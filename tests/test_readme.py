@@ -26,7 +26,7 @@ def test_commands_refer_to_real_files():
         assert (ROOT / script).exists(), script
     assert "python -m pytest -q" in shell and "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
     assert "python -m ruff check ." in shell and "python -m ruff check ." in (ROOT / ".ci" / "run").read_text()
-    for recipe in re.findall(r"--config (\S+)", shell):
+    for recipe in re.findall(r"--config ([^\s\"']+)", shell):
         assert (ROOT / recipe).exists(), recipe
     for req in re.findall(r"-r (\S+)", shell):
         assert req == "req-gpu.txt" or (ROOT / req).exists(), req

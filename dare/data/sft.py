@@ -4,6 +4,19 @@ Each example becomes ``prompt_ids + response_ids + turn terminator + EOS`` (the 
 prompt with the generation prompt; e.g. LLaDA: ``... <|eot_id|><|endoftext|>``), then the collator right-pads with
 EOS. [DEVIATION] DARE appends only ``eos_token`` to the response (no turn terminator), so its models never learn to
 close the turn the way the chat template expects; we follow the chat format of the upstream models.
+
+Packing (``pack=True``): the collator places the examples of each micro-batch, in order, each into the first row with
+room (first fit; an example is never split), in rows of at most ``max_length`` tokens (padded to ``max_length``, or
+with ``pad_to="longest"`` to the fullest row), and adds ``segment_ids`` (the example's index in the micro-batch, -1 on
+padding) and ``position_ids`` (0 at each example's first token; ``Family.logits`` derives the same from the segments).
+Attention, noise and normalisers stay per example (``dare.objectives``), so a packed batch has the loss of the same
+examples unpacked; the micro-batch still counts examples, so a recipe's batch sizes keep their meaning, and packing
+only saves work when several examples fit in a row (sdpa still scores every pair of a row, across examples too:
+``bench/bench_packing.py``). EOS: a packed row has no per-example EOS tail. Every family
+trains each example's own turn terminator and EOS (they end its response) and never the padding after the last
+example: LLaDA2 loses nothing (it never trained its pads); LLaDA, Dream and SDAR learn to end their answer but no longer
+to fill the rest of a fixed-length canvas with EOS (upstream's EOS padding), and their answer-length normaliser is the
+response length. Decoding cuts a completion at its first stop token; keep ``pack=False`` for the upstream recipe.
 """
 
 import warnings
@@ -27,10 +40,16 @@ class SFTDataConfig:
     max_length: int = 1024  # prompt + response tokens per example
     truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
     pad_to: str = "max_length"  # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
+    pack: bool = False  # several examples per max_length row, each attended and noised on its own; no EOS tail (dare/data/sft.py)
     limit: int | None = None  # use only the first N rows
     eval_path: str | None = None  # held-out examples (same formats and keys as path): eval_loss every eval_steps
     eval_split: str = "test"  # split of a hub eval dataset (task:<name>: test = the held-out questions)
     eval_limit: int | None = None  # use only the first N held-out rows
+
+    def __post_init__(self):
+        for name, allowed in (("pad_to", ("max_length", "longest")), ("truncation", ("error", "right", "left"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"data.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
 def as_messages(prompt, system_prompt):
@@ -72,12 +91,15 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
 
 class SFTCollator:
     """Right-pads tokenized examples with EOS and adds ``loss_mask`` / ``attention_mask`` from the family's recipe
-    (LLaDA/Dream/SDAR train on the EOS tail; LLaDA2 excludes it from attention and loss)."""
+    (LLaDA/Dream/SDAR train on the EOS tail; LLaDA2 excludes it from attention and loss); with ``config.pack``, packs
+    them (module docstring)."""
 
     def __init__(self, family, config: SFTDataConfig):
         self.family, self.config, self.recipe = family, config, recipe_for(family)
 
     def __call__(self, examples: list[dict]) -> dict:
+        if self.config.pack:
+            return self.pack(examples)
         longest = max(len(e["input_ids"]) for e in examples)
         length = self.config.max_length if self.config.pad_to == "max_length" else longest
         ids = torch.full((len(examples), length), self.family.pad_id, dtype=torch.long)
@@ -87,6 +109,35 @@ class SFTCollator:
         response = torch.tensor([e["response_length"] for e in examples])
         loss_mask, attention_mask = sft_masks(prompt, response, length, self.recipe)
         return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+    def pack(self, examples: list[dict]) -> dict:
+        rows, room = [], []  # the examples of each row, the tokens left in it
+        for n, e in enumerate(examples):
+            size = len(e["input_ids"])
+            if size > self.config.max_length:
+                raise ValueError(f"An example of {size} tokens does not fit a packed row of max_length="
+                                 f"{self.config.max_length} (tokenize_sft truncates or refuses it)")
+            r = next((r for r, left in enumerate(room) if left >= size), len(rows))
+            if r == len(rows):
+                rows.append([])
+                room.append(self.config.max_length)
+            rows[r].append(n)
+            room[r] -= size
+        width = self.config.max_length if self.config.pad_to == "max_length" else self.config.max_length - min(room)
+        ids = torch.full((len(rows), width), self.family.pad_id, dtype=torch.long)
+        segment_ids = torch.full_like(ids, -1)
+        loss_mask, position_ids = torch.zeros_like(ids), torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            start = 0
+            for n in row:
+                e, end = examples[n], start + len(examples[n]["input_ids"])
+                ids[r, start:end] = torch.tensor(e["input_ids"])
+                segment_ids[r, start:end] = n
+                position_ids[r, start:end] = torch.arange(end - start)
+                loss_mask[r, start + e["prompt_length"]:end] = 1  # the response with its own turn end and EOS
+                start = end
+        return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": (segment_ids >= 0).long(),
+                "segment_ids": segment_ids, "position_ids": position_ids}
 
 
 def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):

@@ -80,7 +80,7 @@ class Family:
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                cache=None, key_position_ids: torch.Tensor | None = None,
-               keep: int | torch.Tensor | None = None) -> torch.Tensor:
+               keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
         the last k positions ``[B, k, V]`` and ``keep=positions`` (1-D) only those, without materialising the rest.
 
@@ -90,7 +90,21 @@ class Family:
           sequence; a chunk that starts mid-sequence must include one preceding token).
         * doubled layout (``clean_ids`` given, block families): the model reads ``[x_t ‖ x_0]`` with the three
           BD3LM attention rules and the logits of the noisy half are returned.
+        * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
+          layout): attention stays inside each example, positions and blocks restart at its first token, and
+          Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
+          position 0 does above). Each example's logits are those it gets alone.
         """
+        if segment_ids is not None:
+            if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids, keep)):
+                raise ValueError("segment_ids define the attention and the positions of packed rows: pass no "
+                                 "attention_mask, position_ids, cache or keep with them")
+            config = getattr(getattr(model, "module", model), "config", None)  # DDP / DeepSpeed wrap the model
+            if (getattr(config, "_attn_implementation", None) or "").startswith("flash"):
+                raise ValueError("packed rows need a 4-D attention mask: load the model with attn_implementation="
+                                 "'sdpa' (or 'eager')")
+            if clean_ids is None:
+                return self._packed_logits(model, input_ids, segment_ids)
         if clean_ids is None:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
@@ -112,12 +126,21 @@ class Family:
             raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
         if cache is not None or position_ids is not None:
             raise ValueError("The [x_t ‖ x_0] layout derives its own positions and takes no cache.")
-        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size)
+        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size, segment_ids)
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
         return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
                      logits_to_keep=rows).logits
+
+    def _packed_logits(self, model, input_ids, segment_ids):
+        pos, ok = masks.packed_layout(segment_ids, self.block_size)
+        out = model(input_ids=input_ids, attention_mask=masks.additive(ok, next(model.parameters()).dtype),
+                    position_ids=pos).logits
+        if not self.shift:
+            return out
+        source = torch.arange(input_ids.shape[1], device=out.device) - (pos > 0).long()
+        return out.gather(1, source[..., None].expand_as(out))
 
     def _check_whole_blocks(self, cache, attention_mask, length):
         """Rows that feed real tokens must have whole blocks cached (rows feeding only padding are done)."""

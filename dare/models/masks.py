@@ -10,6 +10,10 @@ Block ids are ``position // block_size`` (the "global" block origin). One rule c
   - same block and same half, or
   - noisy query, clean key, ``block(q) > block(k)`` (a noisy block sees the clean earlier blocks), or
   - clean query, clean key, ``block(q) >= block(k)`` (the clean half is block-causal).
+* packed rows (several SFT examples per row, ``segment_ids``): any of the above AND the same segment. Positions (so
+  blocks too) restart at 0 at each example's first token, so every example sees exactly what it would see alone.
+  The padding after the last example is a segment of its own (-1) that sees only itself, so no query row is fully
+  masked (some attention kernels return NaN for such rows, and 0 * NaN would reach the gradients).
 
 Masks are additive float tensors ``[B, 1, Q, K]`` (0 = visible, dtype minimum = hidden) built in the query dtype:
 transformers' eager path adds a bool mask as 0/1, and torch's CPU sdpa mixes dtypes wrongly in float64.
@@ -23,6 +27,19 @@ def positions_from_padding(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def segment_starts(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, L]``: True where a segment (an example of a packed row, or the padding run) begins."""
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return starts
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions of packed rows ``[B, L]``: 0, 1, 2, ... from the first token of each segment."""
+    index = torch.arange(segment_ids.shape[1], device=segment_ids.device).expand_as(segment_ids)
+    return index - torch.where(segment_starts(segment_ids), index, 0).cummax(-1).values
+
+
 def visible(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
@@ -30,9 +47,11 @@ def visible(
     k_valid: torch.Tensor | None = None,
     q_clean: torch.Tensor | None = None,
     k_clean: torch.Tensor | None = None,
+    q_seg: torch.Tensor | None = None,
+    k_seg: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query."""
-    if block_size is None and k_valid is None:
+    if block_size is None and k_valid is None and q_seg is None:
         return None
     batch = max(q_pos.shape[0], k_pos.shape[0], 1 if k_valid is None else k_valid.shape[0])
     ok = torch.ones(batch, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
@@ -45,6 +64,8 @@ def visible(
             qc, kc = q_clean[:, :, None], k_clean[:, None, :]
             same_half = qc == kc
             ok = ok & (((qb == kb) & same_half) | (~qc & kc & (qb > kb)) | (qc & kc & (qb >= kb)))
+    if q_seg is not None:
+        ok = ok & (q_seg[:, :, None] == k_seg[:, None, :])
     if k_valid is not None:
         ok = ok & k_valid.bool()[:, None, :]
     return ok
@@ -58,13 +79,23 @@ def additive(ok: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None
     return bias.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
 
 
-def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.Tensor | None, block_size: int):
+def packed_layout(segment_ids: torch.Tensor, block_size: int | None):
+    """Positions ``[B, L]`` and the boolean visibility ``[B, L, L]`` of packed rows in the plain layout."""
+    pos = segment_positions(segment_ids)
+    return pos, visible(pos, pos, block_size, q_seg=segment_ids, k_seg=segment_ids)
+
+
+def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.Tensor | None, block_size: int,
+                   segment_ids: torch.Tensor | None = None):
     """Inputs for the ``[x_t ‖ x_0]`` layout: ids ``[B, 2L]``, positions ``[B, 2L]`` (duplicated) and the boolean
-    visibility ``[B, 2L, 2L]``."""
+    visibility ``[B, 2L, 2L]``. ``segment_ids`` (packed rows) replaces ``attention_mask``."""
     if x_t.shape != x_0.shape:
         raise ValueError(f"x_t and x_0 must have the same shape, got {tuple(x_t.shape)} and {tuple(x_0.shape)}")
     batch, length = x_t.shape
-    if attention_mask is None:
+    seg2 = None
+    if segment_ids is not None:
+        pos, valid, seg2 = segment_positions(segment_ids), None, torch.cat([segment_ids, segment_ids], dim=1)
+    elif attention_mask is None:
         pos = torch.arange(length, device=x_t.device).expand(batch, length)
         valid = None
     else:
@@ -73,5 +104,5 @@ def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.T
     pos2 = torch.cat([pos, pos], dim=1)
     clean = torch.zeros(batch, 2 * length, dtype=torch.bool, device=x_t.device)
     clean[:, length:] = True
-    ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean)
+    ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean, q_seg=seg2, k_seg=seg2)
     return torch.cat([x_t, x_0], dim=1), pos2, ok

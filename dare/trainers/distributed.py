@@ -52,8 +52,12 @@ def restore_fsdp(accelerator, plugin_args: dict | None = None) -> bool:
 
 
 class ShardedTraining:
-    """Trainer mixin: FSDP on CPU processes as the config asks, no unsynchronised multi-process run, and a full
-    final save under sharded checkpoints (see the module docstring)."""
+    """Trainer mixin: FSDP on CPU processes as the config asks, no unsynchronised multi-process run, a full final
+    save under sharded checkpoints (see the module docstring), and sequence parallelism: with
+    ``sequence_parallel = N`` (set before ``Trainer.__init__``) consecutive groups of N processes share each
+    micro-batch, each holding 1/N of its sequence (``self.sp``, a ``dare.parallel.SequenceParallel``; None without)."""
+
+    sequence_parallel: int = 1
 
     def create_accelerator_and_postprocess(self):
         from accelerate.utils import DistributedType
@@ -64,6 +68,29 @@ class ShardedTraining:
             raise RuntimeError(f"{self.accelerator.num_processes} processes but no distributed wrapper: their "
                                "gradients would never be synchronised. On CPU, launch with ACCELERATE_USE_CPU=1 "
                                "(or accelerate launch --cpu).")
+        self.sp = self._sequence_groups(self.sequence_parallel)
+
+    def _sequence_groups(self, size: int):
+        if size <= 1:
+            return None
+        import torch.distributed as dist
+
+        from ..parallel import ATTENTION, SequenceParallel
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if world % size:
+            raise ValueError(f"sequence_parallel={size} must divide the {world} processes")
+        groups = [dist.new_group(list(range(first, first + size))) for first in range(0, world, size)]  # all ranks
+        self.model.set_attn_implementation(ATTENTION)  # plain sdpa wherever a call is not sharded (generation)
+        return SequenceParallel(groups[rank // size])
+
+    def get_train_dataloader(self):
+        """Each sequence-parallel group reads one data-parallel share: its processes get the same micro-batches."""
+        loader = super().get_train_dataloader()
+        if self.sp is not None:
+            shard = loader.batch_sampler  # accelerate's BatchSamplerShard (map-style datasets)
+            shard.num_processes = self.accelerator.num_processes // self.sp.size
+            shard.process_index = self.accelerator.process_index // self.sp.size
+        return loader
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         if self.is_fsdp_enabled and not _internal_call:  # the final folder: gathered weights, not DCP shards

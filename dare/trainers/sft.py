@@ -16,9 +16,11 @@ GENERATION_BATCH = 16  # held-out prompts decoded together by the optional gener
 
 
 class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
-    def __init__(self, *args, family, generation=None, **kwargs):
+    def __init__(self, *args, family, generation=None, sequence_parallel: int = 1, **kwargs):
         """``generation``: ``(rows, sampling, rewards)``, held-out RL rows decoded with ``sampling`` and scored by
-        ``rewards`` at every evaluation, beside the held-out loss (``eval_acc``, ``eval_reward``, per data source)."""
+        ``rewards`` at every evaluation, beside the held-out loss (``eval_acc``, ``eval_reward``, per data source).
+        ``sequence_parallel``: processes sharing each row in training (``ShardedTraining``)."""
+        self.sequence_parallel = sequence_parallel
         super().__init__(*args, **kwargs)
         self.family, self.generation = family, generation
         self.loss_is_scaled_for_ga = True  # each micro-batch loss divides by the whole step's count (below)
@@ -28,11 +30,26 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         as drawing them in each micro-step), and the step's normaliser: the rows or masked tokens (``sft_units``)
         of every micro-batch on every process, over the processes (which average gradients)."""
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        units = torch.zeros((), device=device)
+        self._step = batches, torch.zeros((), device=device)
+        self._draw_noise()
+        return self._step
+
+    def _draw_noise(self):
+        batches, normaliser = self._step
+        units = torch.zeros_like(normaliser)
         for batch in batches:
-            batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"])
-            units = units + sft_units(self.family, batch["loss_mask"], batch["masked"]).to(device)
-        return batches, self.accelerator.reduce(units, "sum") / self.accelerator.num_processes
+            segments = batch.get("segment_ids")  # packed rows: noise and units per example
+            batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"],
+                                                    segment_ids=segments)
+            units = units + sft_units(self.family, batch["loss_mask"], batch["masked"], segment_ids=segments)
+        normaliser.copy_(self.accelerator.reduce(units, "sum") / self.accelerator.num_processes)
+
+    def _load_rng_state(self, checkpoint):
+        """A resumed run restores the RNG only after fetching its first step's micro-batches: their noise is drawn
+        again from the restored state (the normaliser updated in place), as the uninterrupted run drew it."""
+        super()._load_rng_state(checkpoint)
+        if getattr(self, "_step", None) is not None:
+            self._draw_noise()
 
     def evaluate(self, *args, **kwargs):
         """The held-out loss with the same masks at every evaluation (seeded from ``args.seed``), so evaluations
@@ -57,9 +74,12 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         return 0  # Trainer would recount the parameters every step for a FLOPs estimate nobody reads
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        sp = self.sp if self.model.training else None  # evaluation: whole rows per process, as without SP
         loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"], inputs["attention_mask"],
-                               t=inputs.get("t"), masked=inputs.get("masked"), normaliser=num_items_in_batch,
-                               return_parts=True)
+                               segment_ids=inputs.get("segment_ids"), t=inputs.get("t"), masked=inputs.get("masked"),
+                               normaliser=num_items_in_batch, sp=sp, return_parts=True)
+        if sp is not None:
+            loss = loss * sp.size  # the group's shares add up to the loss; DDP averages over every process
         if self.model.training and self.state.global_step % max(self.args.logging_steps, 1) == 0:
             self._masked_fraction = float(parts["n_masked"].sum() / parts["answer_len"].sum().clamp(min=1))
         return (loss, None) if return_outputs else loss

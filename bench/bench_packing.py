@@ -1,0 +1,126 @@
+"""SFT throughput of packed rows (``--data.pack``) against padded rows, on the length-skewed GSM8K SFT data.
+
+    python bench/bench_packing.py                               # tiny:llada, batch 16 at max_length 1024, 5 timed steps
+    python bench/bench_packing.py --family sdar --hidden 256 --steps 10
+    python bench/bench_packing.py --quick                       # a smoke run (tests/test_benches.py)
+
+Data: the first batch x (warmup + steps) rows of ``--data`` (GSM8K train, keys extra_info.question / extra_info.answer;
+the bench exits with a message if it is absent), tokenized with the family's chat format and truncated on the right
+to ``--max-length``; every mode trains the same micro-batches of ``--batch`` examples in the same order. Modes:
+``pad max_length`` (upstream: each example one row of max_length, EOS tail), ``pad longest`` (one row per example,
+as long as the batch's longest) and ``packed`` (the examples of the micro-batch packed first-fit into rows of
+max_length). The packed loss is the unpacked loss of the same examples without the EOS tail (``dare/data/sft.py``).
+Each step: ``sft_loss`` + backward + AdamW step, in a hand-written loop (``bench_sft.py`` measures the Trainer's
+overhead). tokens/s counts REAL tokens (prompt + response, no padding) over the timed steps' summed time; padding % =
+the share of row slots holding no example; rows = rows per step (mean); scores M = attention score entries per head
+and layer (rows x width^2, millions). sdpa with packed rows' 4-D mask still computes every score of a row, across
+examples too, so where attention dominates (a tiny model, long rows) packing can lose to ``pad longest``; the linear
+layers, the bulk of a real model, scale with the row slots, which packing cuts most. Peak MiB = ``LivePeak`` (live
+tensors, not freed memory) over the first two steps, measured in a child of its own so the profiler slows no timed
+step. Each mode runs in a forked child.
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from _common import LivePeak, hidden_override, in_child
+
+from dare.data import SFTCollator, SFTDataConfig, load_rows, tokenize_sft
+from dare.models import FAMILIES, Family, tiny
+from dare.objectives import sft_loss
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sft" / "train" / "gsm8k_train.parquet"
+MODES = {"pad max_length": dict(pad_to="max_length"), "pad longest": dict(pad_to="longest"),
+         "packed": dict(pad_to="max_length", pack=True)}
+
+
+def micro_batches(args, tok, fam) -> list[list[dict]]:
+    """The tokenized examples, ``--batch`` per step, in order."""
+    config = SFTDataConfig(max_length=args.max_length, truncation="right")
+    rows = load_rows(str(args.data)).select(range(args.batch * (args.warmup + args.steps)))
+    examples = [tokenize_sft(r, tok, fam, config) for r in rows]
+    return [examples[i:i + args.batch] for i in range(0, len(examples), args.batch)]
+
+
+def train(args, mode, steps):
+    """``[(seconds, real tokens, row slots, rows, score entries)]`` per step (collation included, as in a Trainer)."""
+    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden))
+    model.config._attn_implementation = args.attn
+    model.to(args.device).train()
+    fam = Family.from_pretrained(model.config, tok)
+    collate = SFTCollator(fam, SFTDataConfig(max_length=args.max_length, **MODES[mode]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
+    generator = torch.Generator().manual_seed(args.seed)
+    out = []
+    for examples in micro_batches(args, tok, fam)[:steps]:
+        start = time.perf_counter()
+        batch = {k: v.to(args.device) for k, v in collate(examples).items()}
+        loss = sft_loss(model, fam, batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
+                        segment_ids=batch.get("segment_ids"), generator=generator)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        real = sum(len(e["input_ids"]) for e in examples)
+        rows, width = batch["input_ids"].shape
+        out.append((time.perf_counter() - start, real, rows * width, rows, rows * width ** 2))
+    return out
+
+
+def timed_child(args, mode, queue):
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    queue.put(train(args, mode, args.warmup + args.steps)[args.warmup:])
+
+
+def memory_child(args, mode, queue):
+    with LivePeak(args.device) as peak:
+        train(args, mode, 2)
+    queue.put(peak.mib)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=DATA, help="GSM8K SFT parquet (default: ../shared/data/sft/...)")
+    p.add_argument("--family", default="llada", choices=FAMILIES, help="tiny model family (default llada)")
+    p.add_argument("--hidden", type=int, default=0, help="override the tiny hidden size (0 = tiny default)")
+    p.add_argument("--batch", type=int, default=16, help="examples per micro-batch (default 16)")
+    p.add_argument("--max-length", type=int, default=1024, help="row length (default 1024; GSM8K's longest ~ 900)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per child (default 1; 0 = torch default)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    p.add_argument("--quick", action="store_true", help="batch 8, max_length 1024, 1 timed step, no memory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch, args.warmup, args.steps, args.no_memory = 8, 0, 1, True
+    if not args.data.exists():
+        print(f"bench_packing: {args.data} is absent (the GSM8K SFT parquet of ../shared); nothing to measure")
+        return []
+    print(f"tiny:{args.family}, {args.batch} GSM8K examples per step, rows of {args.max_length}, {args.warmup} "
+          f"warm-up + {args.steps} timed steps, device {args.device}")
+    print("| mode | rows / step | padding % | scores M | real tokens / step | ms / step | real tokens/s | speed-up "
+          "| peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    table, base = [], None
+    for mode in MODES:
+        steps = in_child(timed_child, args, mode)
+        seconds, real = sum(s[0] for s in steps), sum(s[1] for s in steps)
+        padding = 1 - real / sum(s[2] for s in steps)
+        rate = real / seconds
+        base = base or rate
+        peak = "-" if args.no_memory else f"{in_child(memory_child, args, mode):.1f}"
+        table.append((mode, rate, padding))
+        n, scores = len(steps), sum(s[4] for s in steps) / len(steps) / 1e6
+        print(f"| {mode} | {sum(s[3] for s in steps) / n:.1f} | {padding * 100:.1f} | {scores:.1f} | {real / n:,.0f} | "
+              f"{seconds / n * 1e3:.0f} | {rate:,.0f} | {rate / base:.2f}x | {peak} |", flush=True)
+    return table
+
+
+if __name__ == "__main__":
+    main()
