@@ -61,6 +61,7 @@ class Args:
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    sequence_parallel: int = 1  # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-parallel size = processes / this
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     logging_steps: int = 1  # log metrics every N optimiser steps
     save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
@@ -107,8 +108,12 @@ def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None
 def batch_shape(args: Args, world: int) -> tuple[int, int]:
     """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
     streams)."""
+    if world % args.sequence_parallel:
+        raise ValueError(f"sequence_parallel={args.sequence_parallel} must divide the {world} processes")
+    world //= args.sequence_parallel  # the data-parallel size: a sequence-parallel group shares its prompts
     if args.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} processes")
+        raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} data-parallel "
+                         "process groups")
     completions = args.prompts_per_step // world * args.num_generations
     minis = args.algo_config.mini_batches
     if completions % (args.micro_batch_size * minis):
@@ -168,7 +173,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
         train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,
         eval_sampling=validation, num_generations=args.num_generations,
         rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
-        log_completions=args.log_completions, console=args.console)
+        log_completions=args.log_completions, console=args.console, sequence_parallel=args.sequence_parallel)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 
@@ -186,6 +191,8 @@ def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
 
     set_seed(args.seed)
     data = args.preference
+    if args.sequence_parallel > 1:
+        raise ValueError("sequence_parallel is not supported by the offline (preference) trainer yet")
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)

@@ -176,3 +176,33 @@ class SequenceParallel:
         kwargs = self.inputs(model, ids, masks.additive(ok, next(model.parameters()).dtype), pos, order)
         rows = torch.arange(part.stop - part.start, device=ids.device)
         return model(**kwargs, logits_to_keep=rows).logits
+
+
+class SequenceParallelFamily:
+    """``family`` with its ``logits`` run sequence-parallel over ``sp`` and returned whole: every process of the group
+    gets all rows (gathered; the gather's backward sends each row's gradient to the process that computed it, summed
+    over the group, which DDP's average over the group then undoes). The likelihood estimators score through it
+    unchanged. Rows are padded on the right (attention 0) to a multiple of the group size and cut back after."""
+
+    def __init__(self, family, sp: SequenceParallel):
+        self._family, self.sp = family, sp
+
+    def __getattr__(self, name):
+        return getattr(self._family, name)
+
+    def logits(self, model, input_ids, attention_mask=None, *, clean_ids=None, keep=None, **unsupported):
+        if any(v is not None for v in unsupported.values()):
+            raise ValueError(f"sequence-parallel scoring takes no {sorted(unsupported)} (no cache, its own positions)")
+        length = input_ids.shape[1]
+        pad = -length % self.sp.size
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if pad:
+            input_ids = F.pad(input_ids, (0, pad), value=self._family.pad_id)
+            attention_mask = F.pad(attention_mask, (0, pad), value=0)
+            clean_ids = None if clean_ids is None else F.pad(clean_ids, (0, pad), value=self._family.pad_id)
+        rows = self.sp.gather(self.sp.logits(self._family, model, input_ids, attention_mask, clean_ids=clean_ids))
+        rows = rows[:, :length]
+        if keep is None:
+            return rows
+        return rows[:, length - keep:] if isinstance(keep, int) else rows[:, keep]

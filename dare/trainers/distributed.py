@@ -83,13 +83,18 @@ class ShardedTraining:
         self.model.set_attn_implementation(ATTENTION)  # plain sdpa wherever a call is not sharded (generation)
         return SequenceParallel(groups[rank // size])
 
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(this process's data-parallel rank, the data-parallel size): processes / sequence_parallel."""
+        size = self.sp.size if self.sp is not None else 1
+        return self.accelerator.process_index // size, self.accelerator.num_processes // size
+
     def get_train_dataloader(self):
         """Each sequence-parallel group reads one data-parallel share: its processes get the same micro-batches."""
         loader = super().get_train_dataloader()
         if self.sp is not None:
             shard = loader.batch_sampler  # accelerate's BatchSamplerShard (map-style datasets)
-            shard.num_processes = self.accelerator.num_processes // self.sp.size
-            shard.process_index = self.accelerator.process_index // self.sp.size
+            shard.process_index, shard.num_processes = self.data_parallel
         return loader
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):

@@ -28,6 +28,7 @@ from transformers import Trainer
 
 from ..engines import HFEngine
 from ..engines.hf import decode_completions
+from ..parallel import SequenceParallelFamily
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -69,10 +70,12 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     def __init__(self, model, args, *, algorithm, family, processing_class, train_rows: list[dict], rewards,
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
-                 console: str = "compact"):
+                 console: str = "compact", sequence_parallel: int = 1):
+        self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
         self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
+        self.scoring_family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
         self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
         self.reward_workers, self.log_completions = reward_workers, log_completions
@@ -91,7 +94,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     # -- data ---------------------------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):
         repeat = self.args.gradient_accumulation_steps * self.algorithm.cycle
-        return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.args.world_size,
+        return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.data_parallel[1],
                              repeat, self.args.seed)
 
     def _micro_batch(self, rows):
@@ -156,7 +159,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     def _score_old_and_reference(self, parts: list[dict]):
         """Log-likelihoods under the rollout policy (the "old" policy of every inner iteration) and the reference,
         on the same noise and micro-batches the gradient passes will use."""
-        algo, family = self.algorithm, self.family
+        algo, family = self.algorithm, self.scoring_family
         with eval_policy(self) as policy, self.compute_loss_context_manager():
             for part in parts:
                 for noise in part["noise"]:
@@ -174,7 +177,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         return value.tensor_split(pieces)
 
     def _seed(self, *parts) -> int:
-        key = repr((self.args.seed, self.accelerator.process_index) + parts).encode()
+        key = repr((self.args.seed, self.data_parallel[0]) + parts).encode()  # a sequence-parallel group: one seed
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
     # -- loss ---------------------------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         algo = self.algorithm
         slot = min(inputs["iteration"], len(inputs["batch"]["noise"]) - 1)  # one slot unless noise is redrawn
-        loss, stats = algo.step_loss(model, self.family, inputs["batch"], slot, inputs["stream"],
+        loss, stats = algo.step_loss(model, self.scoring_family, inputs["batch"], slot, inputs["stream"],
                                      self._normalisers[inputs["mini"]])
         for name, (total, count) in stats.items():
             self._add(name, float(total), float(count))
