@@ -125,7 +125,8 @@ def test_local_copy_commands_run_as_written(script, tmp_path):
                              "--rollout.gen-length", "8", "--rollout.block-length", "8", "--rollout.steps", "8",
                              "--data.limit", "2", "--data.eval-path", "None"],
              "train_sft.py": ["--per-device-train-batch-size", "1", "--gradient-accumulation-steps", "1",
-                              "--data.limit", "2", "--data.max-length", "1024"]}[script]
+                              "--data.limit", "2", "--data.max-length", "1024", "--data.eval-limit", "4",
+                              "--eval-generate", "2", "--eval-sampling.gen-length", "8"]}[script]
     argv += ["--model", "tiny:llada", "--max-steps", "1", "--save-steps", "1", "--no-bf16",
              "--no-gradient-checkpointing", "--report-to", "none", "--output-dir", str(tmp_path / "out"), *short]
     res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -150,7 +150,8 @@ def test_sft_recipe_runs_a_step_on_its_own_data(path, tmp_path):
     args = parse(train_sft.Args, ["--config", str(path), "--data.local-dir", str(SHARED / "data" / "sft")])
     args = set_fields(args, model=f"tiny:{path.parent.name}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
                       bf16=False, report_to="none", per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                      data__limit=8, data__max_length=1024)  # the tiny models' positions
+                      data__limit=8, data__max_length=1024,  # the tiny models' positions
+                      data__eval_limit=4, eval_generate=2, eval_sampling__gen_length=8)  # the recipe's evaluation, short
     train_sft.main(args)
     assert (tmp_path / "checkpoint-1").is_dir()
 
