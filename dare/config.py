@@ -137,6 +137,15 @@ def parse(cls, argv: list[str] | None = None, config: tuple = ()):
 USER_ERRORS = (ValueError, KeyError, OSError, yaml.YAMLError)
 
 
+def _close_process_group():
+    """All processes done: leave together. A process that exits while another is still tearing down its gloo
+    connections can abort (``terminate called without an active exception``), failing a finished run."""
+    dist = sys.modules.get("torch.distributed")  # never imported just for this: --help stays light
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def run(main, make_args):
     """``main(make_args())`` as a script's entry point. A user error prints ``error: <message>`` and exits 2; the
     traceback goes to a file named in the message. ``--debug`` (anywhere on the command line) or ``DARE_DEBUG=1``
@@ -144,7 +153,9 @@ def run(main, make_args):
     debug = "--debug" in sys.argv[1:] or os.environ.get("DARE_DEBUG", "") not in ("", "0")
     sys.argv = [a for a in sys.argv if a != "--debug"]
     try:
-        return main(make_args())
+        result = main(make_args())
+        _close_process_group()
+        return result
     except USER_ERRORS as e:
         if debug:
             raise
