@@ -26,6 +26,17 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def models() -> dict:
+    """``{family name: (tiny model, Family)}`` for every family, once per test module."""
+    from dare.models import Family, tiny
+    out = {}
+    for name in FAMILIES:
+        model, tok = tiny(name)
+        out[name] = (model, Family.from_pretrained(model.config, tok))
+    return out
+
+
 @pytest.fixture
 def shared_models() -> Path:
     path = SHARED / "models"

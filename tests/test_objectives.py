@@ -7,19 +7,10 @@ import torch.nn.functional as F
 from conftest import BLOCK_FAMILIES, FAMILIES
 
 from dare.diffusion import RECIPES, NoiseRecipe, corrupt, recipe_for, sample_t, sft_masks
-from dare.models import Family, masks, tiny
+from dare.models import Family, masks
 from dare.objectives import sft_loss
 
 LENGTH = 40  # > 32 so LLaDA2 (block 32) sees two blocks
-
-
-@pytest.fixture(scope="module")
-def models():
-    out = {}
-    for name in FAMILIES:
-        model, tok = tiny(name)
-        out[name] = (model, Family.from_pretrained(model.config, tok))
-    return out
 
 
 def batch(fam: Family, prompts=(5, 9, 3), responses=(20, 12, 31), seed=0):

@@ -5,26 +5,17 @@ import json
 
 import pytest
 import torch
+from conftest import FAMILIES
 
 import train_sft
 from dare.data import SFTCollator, SFTDataConfig
 from dare.diffusion import recipe_for, sft_masks
-from dare.models import Family, masks, tiny
+from dare.models import Family, masks
 from dare.objectives import sft_loss, sft_noise, sft_units, unpacked_index
 
-FAMS = ("llada", "dream", "sdar", "sdar_moe", "llada2")
 MAX = 80  # example 1 (36 tokens) starts at 17 in row 0: it crosses a 32-block of the row, not of its own
 PROMPTS, RESPONSES = (3, 6, 2, 5, 4), (14, 30, 5, 20, 7)
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def models():
-    out = {}
-    for name in FAMS:
-        model, tok = tiny(name)
-        out[name] = (model, Family.from_pretrained(model.config, tok))
-    return out
 
 
 def examples(fam: Family, seed=0) -> list[dict]:
@@ -79,7 +70,7 @@ def test_rows_segments_and_positions(models):
     assert packed(fam, "longest")["input_ids"].shape == (2, 17 + 36 + 7 + 11)
 
 
-@pytest.mark.parametrize("name", FAMS)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_packed_loss_and_gradients_equal_unpacked(models, name):
     model, fam = models[name]
     batch = packed(fam)
@@ -109,7 +100,7 @@ def logits_of(model, fam, ids, segment_ids=None, doubled=False):
         return fam.logits(model, ids, clean_ids=ids if doubled else None, segment_ids=segment_ids)
 
 
-@pytest.mark.parametrize("name", FAMS)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_each_example_sees_only_itself(models, name):
     """Each example's logits in the packed row are its logits alone (Dream's shift included: an example's first
     position does not read the previous example), in every layout the family trains or decodes with; tokens of the

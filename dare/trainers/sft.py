@@ -13,6 +13,7 @@ from .logs import TrainerLogs
 from .validation import generation_metrics
 
 GENERATION_BATCH = 16  # held-out prompts decoded together by the optional generation accuracy
+REWARD_WORKERS = 8  # threads scoring those answers (train_rl.py's default)
 
 
 class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
@@ -62,7 +63,7 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         output = super().evaluation_loop(*args, metric_key_prefix=metric_key_prefix, **kwargs)
         if self.generation is not None:
             rows, sampling, rewards = self.generation
-            output.metrics.update(generation_metrics(self, rows, sampling, rewards, GENERATION_BATCH, GENERATION_BATCH,
+            output.metrics.update(generation_metrics(self, rows, sampling, rewards, REWARD_WORKERS, GENERATION_BATCH,
                                                      metric_key_prefix))
         return output
 
