@@ -46,7 +46,7 @@ class Args:
     save_steps: int = 500  # write a checkpoint every N optimiser steps
     eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
     eval_generate: int = 0  # also decode the first N held-out prompts at each evaluation and log their reward and accuracy (16 at a time)
-    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.0))
+    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.0))  # decoding of --eval-generate (greedy, 256 tokens)
     eval_rewards: list[str] = field(default_factory=lambda: ["auto"])  # reward of those answers: auto | NAME[:W] | SOURCE=NAME[:W] (e.g. gsm8k for '#### N' answers)
     save_total_limit: int = 3  # keep the last K checkpoints
     report_to: str = "none"  # none | tensorboard | wandb
