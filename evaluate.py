@@ -8,6 +8,7 @@
     python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9          # interactive chat (empty line or Ctrl-D quits)
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
+    python evaluate.py --model JetLM/SDAR-8B-Chat --engine sglang --bench gsm8k --threshold 0.9   # SGLang's environment
 
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
 folder or ``tiny:<family>``; ``--config`` YAML files set the defaults. Benchmarks are scored by the RL rewards
@@ -27,6 +28,7 @@ import torch
 import tyro
 
 from dare.config import parse, run
+from dare.engines.sglang import SGLangOptions
 from dare.sampling import SamplingConfig
 
 # Only what the flags need is imported here, so that --help answers at once; the rest inside the functions below.
@@ -56,6 +58,7 @@ class Args:
     overwrite: bool = False  # recompute: first delete the samples/report/fingerprint evaluate.py wrote in output_dir
     compare: list[str] | None = None  # report.json files to put side by side (no model needed)
     plot: str | None = None  # with --compare: write a bar chart PNG here
+    sglang: SGLangOptions = field(default_factory=SGLangOptions)  # the SGLang engine of --engine sglang
 
 
 def answer(engine, messages: list[dict], args: Args) -> str:
@@ -110,12 +113,25 @@ def main(args: Args):
         raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
     config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
     args.sampling.check(family, "sampling", 0, max_positions(config))
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = load_weights(args.model, config, dtype, args.attn_implementation)
-    device = args.device
-    if args.bench and process_state().num_processes > 1:
-        device = process_state().device
-    engine = HFEngine(model.to(device).eval(), tokenizer, family, max_batch_size=args.batch_size * (args.samples or 8))
+    if args.sampling.engine == "sglang":
+        from dare.engines.sglang import SGLangEngine
+        if args.show_order or args.trajectory:
+            raise ValueError("--show-order and --trajectory show DARE's recorded decoding steps: use --engine hf")
+        gpu = process_state().local_process_index if torch.cuda.is_available() else None
+        engine = SGLangEngine(args.model, tokenizer, family, args.sglang, gpu)
+    else:
+        dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+        model = load_weights(args.model, config, dtype, args.attn_implementation)
+        device = process_state().device if args.bench and process_state().num_processes > 1 else args.device
+        engine = HFEngine(model.to(device).eval(), tokenizer, family, max_batch_size=args.batch_size * (args.samples or 8))
+    try:
+        serve(args, engine, family)
+    finally:
+        if args.sampling.engine == "sglang":
+            engine.shutdown()
+
+
+def serve(args: Args, engine, family):
     if args.bench:
         run_benchmarks(args, engine)
         return

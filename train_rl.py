@@ -27,6 +27,7 @@ from dare.algos import get_algorithm
 from dare.config import parse, peek, run
 from dare.data import RLDataConfig
 from dare.data.preference import PreferenceDataConfig
+from dare.engines.sglang import SGLangOptions
 from dare.lora import LoraArgs
 from dare.sampling import SamplingConfig, SamplingOverrides
 
@@ -44,6 +45,7 @@ class Args:
     micro_batch_size: int = 8  # completions per forward/backward on one device
     rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
     validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
+    sglang: SGLangOptions = field(default_factory=SGLangOptions)  # the SGLang engine of --rollout.engine sglang
     rollout_batch_size: int = 64  # completions the engine decodes together
     reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
     lora: LoraArgs = field(default_factory=LoraArgs)
@@ -62,6 +64,7 @@ class Args:
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     sequence_parallel: int = 1  # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-parallel size = processes / this
+    pack: int = 0  # score packed rows of this many tokens (at least the batch's width; 1: that width; 0: off): the rows' attended tokens first-fit, no padding, same losses (dare/packing.py)
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     logging_steps: int = 1  # log metrics every N optimiser steps
     save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
@@ -105,12 +108,17 @@ def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None
     return [r for r, _ in kept], max(n for _, n in kept)
 
 
+def data_parallel_size(args: Args, world: int) -> int:
+    """Processes / sequence_parallel: a sequence-parallel group shares its prompts (or pairs)."""
+    if world % args.sequence_parallel:
+        raise ValueError(f"sequence_parallel={args.sequence_parallel} must divide the {world} processes")
+    return world // args.sequence_parallel
+
+
 def batch_shape(args: Args, world: int) -> tuple[int, int]:
     """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
     streams)."""
-    if world % args.sequence_parallel:
-        raise ValueError(f"sequence_parallel={args.sequence_parallel} must divide the {world} processes")
-    world //= args.sequence_parallel  # the data-parallel size: a sequence-parallel group shares its prompts
+    world = data_parallel_size(args, world)
     if args.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} data-parallel "
                          "process groups")
@@ -132,7 +140,8 @@ def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # no
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
         lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
         num_train_epochs=args.num_train_epochs, bf16=args.bf16,
-        activation_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
+        **{"activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+           else "gradient_checkpointing": args.gradient_checkpointing}, logging_steps=args.logging_steps,
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
         eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
@@ -160,6 +169,9 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
                                              args.data.eval_limit) if args.data.eval_path else (None, 0))
     sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
     sampling.check(family, "rollout", longest, max_positions(config))
+    args.algo_config.check_engine(sampling.engine)
+    if sampling.engine == "sglang" and args.model.startswith("tiny:"):
+        raise ValueError("rollout.engine sglang serves a checkpoint (a local folder or hub name), not a tiny: model")
     validation = args.validation.over(args.rollout)
     if evaluation is not None:
         validation.check(family, "validation", longest_eval, max_positions(config))
@@ -168,12 +180,17 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
         args, training_args.world_size)
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    engine = None
+    if sampling.engine == "sglang":
+        from dare.engines.sglang import SGLangServer
+        engine = SGLangServer(args.model, tokenizer, family, args.sglang)
     trainer = DiffusionRLTrainer(
         model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
         train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,
         eval_sampling=validation, num_generations=args.num_generations,
         rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
-        log_completions=args.log_completions, console=args.console, sequence_parallel=args.sequence_parallel)
+        log_completions=args.log_completions, console=args.console, sequence_parallel=args.sequence_parallel,
+        pack=args.pack, engine=engine)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 
@@ -191,14 +208,12 @@ def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
 
     set_seed(args.seed)
     data = args.preference
-    if args.sequence_parallel > 1:
-        raise ValueError("sequence_parallel is not supported by the offline (preference) trainer yet")
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)
     evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
-    world = training_args.world_size
+    world = data_parallel_size(args, training_args.world_size)
     if args.micro_batch_size % 2 or args.prompts_per_step % (world * args.micro_batch_size // 2):
         raise ValueError(f"micro_batch_size={args.micro_batch_size} must be even (chosen + rejected rows) and "
                          f"prompts_per_step={args.prompts_per_step} pairs a multiple of micro_batch_size / 2 x "
@@ -210,7 +225,7 @@ def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
     training_args.gradient_accumulation_steps = args.prompts_per_step // (world * pairs)
     trainer = PreferenceTrainer(model, training_args, algorithm=args.algo_config, family=family,
                                 processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data,
-                                console=args.console)
+                                console=args.console, sequence_parallel=args.sequence_parallel, pack=args.pack)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 

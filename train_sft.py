@@ -88,21 +88,22 @@ def main(args: Args):
             held_out = held_out.select(range(min(args.data.eval_limit, len(held_out))))
         evaluation = tokenize_dataset(held_out, tokenizer, family, args.data)
     generation = held_out_generation(args, tokenizer, family, positions) if args.eval_generate else None
-    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    training_args = TrainingArguments(
+    training_args = TrainingArguments(  # first: under ZeRO-3 (zero3_init_flag) the weights load partitioned
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
         adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps, lr_scheduler_type=args.lr_scheduler_type,
         max_grad_norm=args.max_grad_norm, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=args.bf16,
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        activation_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
+        **{"activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+           else "gradient_checkpointing": args.gradient_checkpointing}, logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         seed=args.seed, remove_unused_columns=False, eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",
         eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size,
         **process_group_args())
+    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing)
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
                                   family=family, generation=generation, sequence_parallel=args.sequence_parallel,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
@@ -124,6 +125,9 @@ def held_out_generation(args: Args, tokenizer, family, positions: int | None) ->
     rows = prompt_rows(d.eval_path, d.eval_split, RLDataConfig(
         prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt, answer_instruction="none",
         local_dir=d.local_dir), args.eval_generate)
+    if args.eval_sampling.engine != "hf":
+        raise ValueError("eval_sampling.engine: SFT evaluation decodes in-process with the training weights (hf); "
+                         "evaluate a saved checkpoint with evaluate.py --engine sglang instead")
     longest = max(len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows]))
     return rows, args.eval_sampling.check(family, "eval_sampling", longest, positions), RewardRouter(args.eval_rewards)
 

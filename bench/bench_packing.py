@@ -1,8 +1,10 @@
-"""SFT throughput of packed rows (``--data.pack``) against padded rows, on the length-skewed GSM8K SFT data.
+"""SFT throughput of packed rows (``--data.pack``) against padded rows, on the length-skewed GSM8K SFT data; with
+``--rl``, the same for RL scoring passes (``train_rl.py --pack``).
 
     python bench/bench_packing.py                               # tiny:llada, batch 16 at max_length 1024, 5 timed steps
     python bench/bench_packing.py --family sdar --hidden 256 --steps 10
     python bench/bench_packing.py --quick                       # a smoke run (tests/test_benches.py)
+    python bench/bench_packing.py --rl --family sdar            # RL scoring: padded vs packed rows
 
 Data: the first batch x (warmup + steps) rows of ``--data`` (GSM8K train, keys extra_info.question / extra_info.answer;
 the bench exits with a message if it is absent), tokenized with the family's chat format and truncated on the right
@@ -18,6 +20,15 @@ examples too, so where attention dominates (a tiny model, long rows) packing can
 layers, the bulk of a real model, scale with the row slots, which packing cuts most. Peak MiB = ``LivePeak`` (live
 tensors, not freed memory) over the first two steps, measured in a child of its own so the profiler slows no timed
 step. Each mode runs in a forked child.
+
+``--rl``: rollouts built from the same rows, ``--batch`` per micro-batch: the question's chat prompt, left-padded to
+the batch's longest, and the reference answer as the completion of a ``--gen-length`` canvas (cut there; EOS after its
+stop token), so prompts vary and completions stop early as real ones do. Each step is one d1 scoring pass
+(``score_tokens`` on the mean-field noise, the completion fully masked) + backward of the token-mean log-likelihood,
+no optimiser. Modes: ``padded`` (the rows as the trainer has them), ``packed`` (``PackedFamily``, rows of the batch's
+width) and ``packed 2x`` (rows twice as wide; a masked-diffusion row attends its whole canvas, so only wider rows
+hold two). Real tokens = the prompt and the completion up to its stop token (masked families: the whole canvas);
+scores M count the ``[x_t ‖ x_0]`` layout's doubled rows.
 """
 
 import argparse
@@ -28,12 +39,15 @@ import torch
 from _common import LivePeak, hidden_override, in_child
 
 from dare.data import SFTCollator, SFTDataConfig, load_rows, tokenize_sft
+from dare.likelihood import MeanField, score_tokens
 from dare.models import FAMILIES, Family, tiny
 from dare.objectives import sft_loss
+from dare.packing import PackedFamily
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sft" / "train" / "gsm8k_train.parquet"
 MODES = {"pad max_length": dict(pad_to="max_length"), "pad longest": dict(pad_to="longest"),
          "packed": dict(pad_to="max_length", pack=True)}
+RL_MODES = {"padded": 0, "packed": 1, "packed 2x": 2}  # PackedFamily's row width, in batch widths (0: unpacked)
 
 
 def micro_batches(args, tok, fam) -> list[list[dict]]:
@@ -70,14 +84,71 @@ def train(args, mode, steps):
     return out
 
 
+def rollouts(args, tok, fam) -> list[dict]:
+    """RL micro-batches from the GSM8K rows: left-padded chat prompts, the answers as completions (see above)."""
+    out = []
+    for examples in micro_batches(args, tok, fam):
+        prompts = [e["input_ids"][:e["prompt_length"]] for e in examples]
+        answers = [e["input_ids"][e["prompt_length"]:][:args.gen_length] for e in examples]
+        width = max(map(len, prompts))
+        prompt = torch.full((len(examples), width), fam.pad_id)
+        completion = torch.full((len(examples), args.gen_length), fam.eos_id)
+        for n, (q, a) in enumerate(zip(prompts, answers, strict=True)):
+            prompt[n, width - len(q):], completion[n, :len(a)] = torch.tensor(q), torch.tensor(a)
+        lengths = torch.tensor(list(map(len, answers)))[:, None]
+        out.append({"prompt_ids": prompt, "prompt_mask": (prompt != fam.pad_id).long(), "completion_ids": completion,
+                    "completion_mask": (torch.arange(args.gen_length) < lengths).long()})
+    return out
+
+
+class Shapes:
+    """The family, recording the shape of every row batch it scores."""
+
+    def __init__(self, family):
+        self.family, self.shapes = family, []
+
+    def __getattr__(self, name):
+        return getattr(self.family, name)
+
+    def logits(self, model, input_ids, *a, **kw):
+        self.shapes.append(tuple(input_ids.shape))
+        return self.family.logits(model, input_ids, *a, **kw)
+
+
+def score(args, mode, steps):
+    """``train``'s per-step tuples for one RL scoring forward + backward (``--rl``)."""
+    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden))
+    model.config._attn_implementation = args.attn
+    model.to(args.device).train()
+    fam = Family.from_pretrained(model.config, tok)
+    recorder = Shapes(fam)
+    generator, out = torch.Generator().manual_seed(args.seed), []
+    for batch in rollouts(args, tok, fam)[:steps]:
+        start = time.perf_counter()
+        batch = {k: v.to(args.device) for k, v in batch.items()}
+        width = batch["prompt_ids"].shape[1] + args.gen_length
+        scorer = PackedFamily(recorder, RL_MODES[mode] * width) if RL_MODES[mode] else recorder
+        noisy = MeanField(0.15).corrupt(fam, batch, generator)["noisy"]
+        mask = batch["completion_mask"]
+        (-(score_tokens(model, scorer, batch, noisy).logp * mask).sum() / mask.sum()).backward()
+        model.zero_grad(set_to_none=True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        rows, width = recorder.shapes[-1][:2]
+        real = int(batch["prompt_mask"].sum() + (mask if fam.is_block_diffusion else torch.ones_like(mask)).sum())
+        layout = 2 if fam.is_block_diffusion else 1  # [x_t ‖ x_0]
+        out.append((time.perf_counter() - start, real, rows * width, rows, rows * (layout * width) ** 2))
+    return out
+
+
 def timed_child(args, mode, queue):
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    queue.put(train(args, mode, args.warmup + args.steps)[args.warmup:])
+    queue.put((score if args.rl else train)(args, mode, args.warmup + args.steps)[args.warmup:])
 
 
 def memory_child(args, mode, queue):
     with LivePeak(args.device) as peak:
-        train(args, mode, 2)
+        (score if args.rl else train)(args, mode, 2)
     queue.put(peak.mib)
 
 
@@ -94,6 +165,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per child (default 1; 0 = torch default)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     p.add_argument("--quick", action="store_true", help="batch 8, max_length 1024, 1 timed step, no memory")
+    p.add_argument("--rl", action="store_true", help="RL scoring passes (padded vs packed) instead of SFT steps")
+    p.add_argument("--gen-length", type=int, default=256, help="--rl: the completion canvas (default 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -102,13 +175,14 @@ def main(argv=None):
     if not args.data.exists():
         print(f"bench_packing: {args.data} is absent (the GSM8K SFT parquet of ../shared); nothing to measure")
         return []
-    print(f"tiny:{args.family}, {args.batch} GSM8K examples per step, rows of {args.max_length}, {args.warmup} "
+    what = f"RL scoring of {args.gen_length}-token completions" if args.rl else f"rows of {args.max_length}"
+    print(f"tiny:{args.family}, {args.batch} GSM8K examples per step, {what}, {args.warmup} "
           f"warm-up + {args.steps} timed steps, device {args.device}")
     print("| mode | rows / step | padding % | scores M | real tokens / step | ms / step | real tokens/s | speed-up "
           "| peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     table, base = [], None
-    for mode in MODES:
+    for mode in RL_MODES if args.rl else MODES:
         steps = in_child(timed_child, args, mode)
         seconds, real = sum(s[0] for s in steps), sum(s[1] for s in steps)
         padding = 1 - real / sum(s[2] for s in steps)

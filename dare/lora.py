@@ -44,3 +44,24 @@ def export_merged(trainer, tokenizer, folder: str) -> None:
     merged = copy.merge_and_unload()
     merged.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def merged_weights(model):
+    """``(name, tensor)`` of every weight of ``model`` under the official key names, LoRA adapters merged in (for a
+    PEFT model; the model itself is not modified), for pushing into an inference engine. Sharded FSDP2 tensors are
+    gathered whole (collective: every process must iterate)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    deltas = {}
+    if base is not model:
+        from peft.tuners.lora import LoraLayer
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer) and not module.merged:
+                active = [a for a in module.active_adapters if a in module.lora_A]
+                if active:
+                    deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in active)
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        yield name, (tensor + deltas[name].to(tensor.dtype) if name in deltas else tensor).detach()

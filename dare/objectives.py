@@ -64,9 +64,8 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids)
         mine = local = masked
     else:  # this process scores its chunk of every row; the group's losses add up to the whole loss
-        if segment_ids is not None:
-            raise ValueError("packed rows (data.pack) do not combine with sequence parallelism yet")
-        logits, part = sp.logits(family, model, noisy, padding, clean_ids=clean), sp.chunk(input_ids.shape[1])
+        logits = sp.logits(family, model, noisy, padding, clean_ids=clean, segment_ids=segment_ids)
+        part = sp.chunk(input_ids.shape[1])
         mine, local = torch.zeros_like(masked), masked[:, part]  # mine: the whole row's positions of this chunk
         mine[:, part] = local
     ce = F.cross_entropy(logits[local].float(), input_ids[mine], reduction="none")

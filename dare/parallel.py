@@ -155,25 +155,34 @@ class SequenceParallel:
             mask = mask[..., order] if mask.shape[-2] == 1 else mask[:, :, order][:, :, :, order]
         return dict(input_ids=self.shard(input_ids), position_ids=self.shard(position_ids), attention_mask=mask)
 
-    def logits(self, family, model, input_ids, attention_mask=None, *, clean_ids=None) -> torch.Tensor:
-        """This rank's rows ``chunk(L)`` of ``family.logits(model, input_ids, attention_mask, clean_ids=clean_ids)``
-        ``[B, L/sp, V]``, for both layouts. The ``[x_t ‖ x_0]`` layout gives each rank its chunk of BOTH halves
-        (``2L/sp`` tokens, the noisy chunk first), so every rank scores the same number of noisy positions."""
+    def logits(self, family, model, input_ids, attention_mask=None, *, clean_ids=None,
+               segment_ids=None) -> torch.Tensor:
+        """This rank's rows ``chunk(L)`` of ``family.logits(model, input_ids, attention_mask, clean_ids=clean_ids,
+        segment_ids=segment_ids)`` ``[B, L/sp, V]``, for both layouts and packed rows. The ``[x_t ‖ x_0]`` layout
+        gives each rank its chunk of BOTH halves (``2L/sp`` tokens, the noisy chunk first), so every rank scores the
+        same number of noisy positions."""
         length = input_ids.shape[1]
         part = self.chunk(length)
+        dtype = next(model.parameters()).dtype
         if clean_ids is None:
-            out = model(**self.inputs(model, input_ids, attention_mask)).logits
+            if segment_ids is None:
+                out = model(**self.inputs(model, input_ids, attention_mask)).logits
+            else:
+                pos, ok = masks.packed_layout(segment_ids, family.block_size)
+                out = model(**self.inputs(model, input_ids, masks.additive(ok, dtype), pos)).logits
             if family.shift:  # Dream: row i reads position i-1, which for the first row lives on the previous rank
                 # (rank 0 repeats its own first row, as family.logits does; every rank uses the gathered rows, so
                 # the backward exchange runs on all of them)
                 first = torch.cat([out[:, :1], self.gather(out[:, -1:])[:, :-1]], dim=1)[:, self.rank:self.rank + 1]
-                out = torch.cat([first, out[:, :-1]], dim=1)
+                shifted = torch.cat([first, out[:, :-1]], dim=1)
+                # packed rows: an example's first position reads itself, never the previous example
+                out = shifted if segment_ids is None else torch.where(self.shard(pos)[..., None] == 0, out, shifted)
             return out
         if family.block_size is None:
             raise ValueError(f"{family.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
-        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, family.block_size)
+        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, family.block_size, segment_ids)
         order = torch.arange(2 * length, device=ids.device).view(2, self.size, -1).transpose(0, 1).reshape(-1)
-        kwargs = self.inputs(model, ids, masks.additive(ok, next(model.parameters()).dtype), pos, order)
+        kwargs = self.inputs(model, ids, masks.additive(ok, dtype), pos, order)
         rows = torch.arange(part.stop - part.start, device=ids.device)
         return model(**kwargs, logits_to_keep=rows).logits
 
@@ -182,7 +191,8 @@ class SequenceParallelFamily:
     """``family`` with its ``logits`` run sequence-parallel over ``sp`` and returned whole: every process of the group
     gets all rows (gathered; the gather's backward sends each row's gradient to the process that computed it, summed
     over the group, which DDP's average over the group then undoes). The likelihood estimators score through it
-    unchanged. Rows are padded on the right (attention 0) to a multiple of the group size and cut back after."""
+    unchanged. Rows are padded on the right (attention 0) to a multiple of the group size and cut back after.
+    Packed rows (``segment_ids``, e.g. from ``dare.packing.PackedFamily``) are sharded the same way."""
 
     def __init__(self, family, sp: SequenceParallel):
         self._family, self.sp = family, sp
@@ -190,18 +200,25 @@ class SequenceParallelFamily:
     def __getattr__(self, name):
         return getattr(self._family, name)
 
-    def logits(self, model, input_ids, attention_mask=None, *, clean_ids=None, keep=None, **unsupported):
+    def logits(self, model, input_ids, attention_mask=None, *, clean_ids=None, keep=None, segment_ids=None,
+               **unsupported):
         if any(v is not None for v in unsupported.values()):
             raise ValueError(f"sequence-parallel scoring takes no {sorted(unsupported)} (no cache, its own positions)")
+        if segment_ids is not None and attention_mask is not None:
+            raise ValueError("segment_ids define the attention of packed rows: pass no attention_mask with them")
         length = input_ids.shape[1]
         pad = -length % self.sp.size
-        if attention_mask is None:
+        if attention_mask is None and segment_ids is None:
             attention_mask = torch.ones_like(input_ids)
-        if pad:
+        if pad:  # packed rows: the added positions join (or start) the padding segment
             input_ids = F.pad(input_ids, (0, pad), value=self._family.pad_id)
-            attention_mask = F.pad(attention_mask, (0, pad), value=0)
+            if segment_ids is None:
+                attention_mask = F.pad(attention_mask, (0, pad), value=0)
+            else:
+                segment_ids = F.pad(segment_ids, (0, pad), value=-1)
             clean_ids = None if clean_ids is None else F.pad(clean_ids, (0, pad), value=self._family.pad_id)
-        rows = self.sp.gather(self.sp.logits(self._family, model, input_ids, attention_mask, clean_ids=clean_ids))
+        rows = self.sp.gather(self.sp.logits(self._family, model, input_ids, attention_mask, clean_ids=clean_ids,
+                                             segment_ids=segment_ids))
         rows = rows[:, :length]
         if keep is None:
             return rows

@@ -420,3 +420,12 @@ def test_tiny_name_takes_config_overrides():
         load_pretrained("tiny:llada:d_model")
     with pytest.raises(ValueError, match=r"Unknown llada config field\(s\) \[.d_modl.\] in .tiny:llada:d_modl=3."):
         load_pretrained("tiny:llada:d_modl=3")
+
+
+def test_tiny_name_loads_as_asked():
+    """A ``tiny:`` model takes the dtype and attention implementation a checkpoint would (flags are not ignored)."""
+    from dare.models import load_pretrained
+    model, _, _ = load_pretrained("tiny:sdar", dtype=torch.bfloat16, attn_implementation="eager")
+    assert next(model.parameters()).dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
+    model, _, _ = load_pretrained("tiny:llada")
+    assert next(model.parameters()).dtype == torch.float32 and model.config._attn_implementation == "sdpa"

@@ -61,6 +61,15 @@ def test_dare_compass_model_methods():
         [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 
 
+def test_dare_compass_model_refuses_what_sglang_cannot_serve():
+    """``sampling=dict(engine="sglang")``: a masked family, or a tiny: model (not a checkpoint), fails at once."""
+    from dare.eval.opencompass import DARECompassModel
+    with pytest.raises(ValueError, match="block-diffusion models only"):
+        DARECompassModel(path="tiny:llada", sampling=dict(engine="sglang"))
+    with pytest.raises(ValueError, match="serves a checkpoint"):
+        DARECompassModel(path="tiny:sdar", sampling=dict(engine="sglang"))
+
+
 def test_example_config_loads():
     from mmengine.config import Config
 

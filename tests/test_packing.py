@@ -1,5 +1,7 @@
 """Packed SFT rows (``--data.pack``): several examples per row, each one attending, noised and normalised on its own,
-so a packed batch has the loss, gradients and per-example logits of the same examples unpacked."""
+so a packed batch has the loss, gradients and per-example logits of the same examples unpacked. Packed RL scoring
+(``train_rl.py --pack``, ``dare.packing.PackedFamily``): the estimators' log-probs, losses and a training run equal
+the unpacked ones."""
 
 import json
 
@@ -7,11 +9,15 @@ import pytest
 import torch
 from conftest import FAMILIES
 
+import train_rl
 import train_sft
+from dare.algos import get_algorithm
 from dare.data import SFTCollator, SFTDataConfig
 from dare.diffusion import recipe_for, sft_masks
+from dare.likelihood import Autoregressive, MCElbo, rollout_attention, whole_blocks
 from dare.models import Family, masks
 from dare.objectives import sft_loss, sft_noise, sft_units, unpacked_index
+from dare.packing import PackedFamily
 
 MAX = 80  # example 1 (36 tokens) starts at 17 in row 0: it crosses a 32-block of the row, not of its own
 PROMPTS, RESPONSES = (3, 6, 2, 5, 4), (14, 30, 5, 20, 7)
@@ -200,3 +206,151 @@ def test_train_sft_pack_end_to_end(tmp_path, monkeypatch):
     assert losses["llada2", True] == pytest.approx(losses["llada2", False], rel=1e-5)
     assert shapes and all(rows < examples for examples, rows in shapes)  # 8 examples in about 3 rows
 
+
+
+# -- packed RL scoring ------------------------------------------------------------------------------------------
+SCORED = ("llada", "dream", "sdar", "llada2")
+PROMPT_LENGTHS, STOPS = (7, 3, 5, 1, 6), (12, 4, 9, 1, 6)  # left-padded prompts; completions stopping early
+
+
+def rollout(fam: Family) -> dict:
+    """A rollout batch: left-padded prompts, completions up to their stop token (EOS after it), as make_batch has it."""
+    g = torch.Generator().manual_seed(3)
+    n, p, r = len(STOPS), max(PROMPT_LENGTHS), max(STOPS)
+    prompt_mask = (torch.arange(p) >= p - torch.tensor(PROMPT_LENGTHS)[:, None]).long()
+    completion_mask = (torch.arange(r) < torch.tensor(STOPS)[:, None]).long()
+    prompt = torch.randint(10, 200, (n, p), generator=g).masked_fill(prompt_mask == 0, fam.pad_id)
+    completion = torch.randint(10, 200, (n, r), generator=g).masked_fill(torch.arange(r) >= torch.tensor(STOPS)[:, None]
+                                                                        - 1, fam.eos_id)
+    return {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+            "completion_mask": completion_mask, "loss_mask": completion_mask.clone(),
+            "advantages": torch.randn(n, generator=g)}
+
+
+class WithoutSegments:
+    """Negative control: the packed rows scored as one sequence each (examples see each other)."""
+
+    def __init__(self, fam):
+        self.fam = fam
+
+    def __getattr__(self, name):
+        return getattr(self.fam, name)
+
+    def logits(self, model, ids, clean_ids=None, segment_ids=None):
+        return self.fam.logits(model, ids, torch.ones_like(ids), clean_ids=clean_ids)
+
+
+@pytest.mark.parametrize("name", SCORED)
+def test_packed_scoring_logits_equal_unpacked(models, name):
+    """At every attended position of the rows, in each layout and ``keep`` form the estimators use, the logits of rows
+    packed two or three to a row (twice the batch's width) are the unpacked ones (positions not attended: zeros; Dream: a row's first attended token, a prompt token, reads
+    itself, not the padding before it); without segment ids they are not."""
+    model, fam = models[name]
+    batch = rollout(fam)
+    p, r = batch["prompt_ids"].shape[1], batch["completion_ids"].shape[1]
+    noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(batch["completion_ids"] % 2 == 0,
+                                                                                 fam.mask_id)], 1)
+    attention = rollout_attention(fam, batch["prompt_mask"], batch["completion_mask"])
+    clean = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    cases = [(None, None), (r, None), (torch.tensor([p - 1, p, p + 3]), None)]  # plain: all, the last r, positions
+    with torch.no_grad():
+        control = PackedFamily(WithoutSegments(fam), 2 * (p + r)).logits(model, noisy, attention)
+        assert (control - fam.logits(model, noisy, attention))[attention.bool()].abs().max() > 1e-3
+    if fam.is_block_diffusion:  # score_tokens' doubled layout: whole blocks, the completion's positions
+        noisy, clean, attention = whole_blocks(fam, noisy, clean, attention)
+        assert noisy.shape[1] > p + r  # a row's last block runs past the batch's width
+        cases += [(torch.arange(p, p + r), clean), (None, clean)]
+    first, width = attention.argmax(-1), 2 * noisy.shape[1]  # each row's first attended column; the packed rows'
+    with torch.no_grad():
+        for keep, clean_ids in cases:
+            cols = torch.arange(noisy.shape[1])
+            cols = cols if keep is None else keep if torch.is_tensor(keep) else cols[-keep:]
+            seen = attention[:, cols].bool()
+            compared = seen & (cols != first[:, None]) if fam.shift else seen
+            want = fam.logits(model, noisy, attention, clean_ids=clean_ids, keep=keep)
+            got = PackedFamily(fam, width).logits(model, noisy, attention, clean_ids=clean_ids, keep=keep)
+            assert got.shape == want.shape and not got[~seen].any()
+            assert (got - want)[compared].abs().max() < TOL, (keep, clean_ids is not None)
+
+
+@pytest.mark.parametrize("name", SCORED)
+def test_packed_estimates_and_losses_equal_unpacked(models, name):
+    """Per-token log-probs of the d1 (mean-field), coupled, AR (explicit positions) and MC-ELBO estimators, and one
+    step's loss and gradients of d1 and coupled-GRPO (reference and old log-probs included), packed = unpacked."""
+    model, fam = models[name]
+    batch = rollout(fam)
+    width = 4 * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])  # LLaDA2's rows: whole blocks of 32
+    packed_fam = PackedFamily(fam, width)
+    g = torch.Generator().manual_seed(4)
+    mask = batch["loss_mask"].bool()
+    with torch.no_grad():  # AR: explicit positions (keep as a tensor); MC-ELBO: per-sequence values
+        for est, kw, read in ((Autoregressive(chunk=2), {"positions": range(0, 4)}, mask[:, :4]),
+                              (MCElbo(samples=2), {}, slice(None))):
+            noise = est.corrupt(fam, batch, g)
+            a, b = est.score(model, fam, batch, noise, **kw), est.score(model, packed_fam, batch, noise, **kw)
+            assert (a.logp - b.logp)[read].abs().max() < TOL, type(est).__name__
+    for algo_name in ("d1", "coupled-grpo"):
+        algo = get_algorithm(algo_name)(beta=0.1).validate(fam)
+        noise = algo.corrupt(fam, batch, g)
+        steps = []
+        for scorer in (fam, packed_fam):
+            with torch.no_grad():
+                est = algo.score(model, scorer, batch, noise)
+            part = {**batch, "noise": [noise], "ref": [est.logp - 0.01], "old": [est.logp + 0.02]}
+            model.zero_grad()
+            loss, stats = algo.step_loss(model, scorer, part, 0, 0, algo.normaliser(part))
+            loss.backward()
+            steps.append((est, loss.detach(), stats, [q.grad.clone() for q in model.parameters() if q.grad is not None]))
+        model.zero_grad()
+        (ea, la, sa, ga), (eb, lb, sb, gb) = steps
+        assert (ea.logp - eb.logp)[mask].abs().max() < TOL and (ea.entropy - eb.entropy)[mask].abs().max() < TOL
+        assert abs(la - lb) < TOL and all(abs(sa[k][0] - sb[k][0]) < TOL * max(1, abs(sa[k][0])) for k in sa)
+        assert max((x - y).abs().max() for x, y in zip(ga, gb, strict=True)) < TOL, algo_name
+
+
+def test_train_rl_pack_end_to_end(tmp_path, monkeypatch):
+    """``train_rl.py --pack 96`` on SDAR ([x_t ‖ x_0], whole-block tails): two inner iterations with old and
+    reference log-probs end with the weights of the unpacked run, scored on fewer rows."""
+    from test_train_rl import rl_args, weights
+
+    from dare import packing
+    from dare.data.tasks import write_task
+    data = (write_task("addition", str(tmp_path / "train.jsonl"), 16, 0, "train"), None)
+    shapes, first_fit = [], packing.first_fit
+
+    def recorded(lengths, width):
+        rows, offsets = first_fit(lengths, width)
+        shapes.append((len(lengths), max(rows) + 1, width))
+        return rows, offsets
+
+    monkeypatch.setattr(packing, "first_fit", recorded)
+    for pack in (0, 96):
+        train_rl.main(rl_args(data, tmp_path / str(pack), model="tiny:sdar", pack=pack, optim="sgd", learning_rate=1.0,
+                              algo_config__num_iterations=2, algo_config__beta=0.1, eval_steps=0, log_completions=0))
+    start, plain, packed = weights("tiny:sdar"), weights(tmp_path / "0"), weights(tmp_path / "96")
+    assert max((plain[k] - start[k]).abs().max() for k in plain) > 1e-3
+    assert max((plain[k] - packed[k]).abs().max() for k in plain) < TOL
+    assert shapes and all(rows < scored for scored, rows, _ in shapes)
+
+
+def test_train_vrpo_pack_end_to_end(tmp_path, monkeypatch):
+    """The offline trainer's ``--pack``: VRPO's chosen and rejected ELBOs (policy and reference) on packed rows end
+    with the weights of the unpacked run, scored on fewer rows."""
+    from test_train_rl import weights
+    from test_vrpo import vrpo_args
+
+    from dare import packing
+    shapes, first_fit = [], packing.first_fit
+
+    def recorded(lengths, width):
+        rows, offsets = first_fit(lengths, width)
+        shapes.append((len(lengths), max(rows) + 1))
+        return rows, offsets
+
+    monkeypatch.setattr(packing, "first_fit", recorded)
+    for pack in (0, 160):
+        train_rl.main(vrpo_args(tmp_path / str(pack), model="tiny:sdar", pack=pack, optim="sgd", learning_rate=1.0))
+    start, plain, packed = weights("tiny:sdar"), weights(tmp_path / "0"), weights(tmp_path / "160")
+    assert max((plain[k] - start[k]).abs().max() for k in plain) > 1e-3
+    assert max((plain[k] - packed[k]).abs().max() for k in plain) < TOL
+    assert shapes and all(rows < scored for scored, rows in shapes)

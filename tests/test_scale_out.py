@@ -118,6 +118,35 @@ def test_sft_script_under_each_strategy_ends_where_ddp_does(strategy, sft_runs):
     assert json.loads((out / "config.json").read_text())["model_type"] == "llada"
 
 
+PROBE = """import runpy, sys
+import dare.models.loading as loading
+load = loading.load_weights
+def probed(*args, **kwargs):
+    model = load(*args, **kwargs)
+    first = next(model.parameters())
+    print("loaded", "partitioned" if hasattr(first, "ds_id") else "whole", first.numel(), flush=True)
+    return model
+loading.load_weights = probed
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_zero3_loads_a_checkpoint_partitioned(sft_runs, tmp_path):
+    """zero3.yaml's `zero3_init_flag`: a checkpoint folder is loaded straight into ZeRO-3 partitions (no process holds
+    the whole model; the arguments are built before the weights load), and trains to DDP's weights."""
+    from dare.models.tiny import save_tiny
+    script = readme_line("zero3")
+    script[script.index("--model") + 1] = save_tiny("llada", tmp_path / "llada")  # tiny:llada's weights, as a folder
+    script[script.index("--output-dir") + 1] = str(tmp_path / "out")
+    (tmp_path / "probe.py").write_text(PROBE)
+    out = launch("zero3", [str(tmp_path / "probe.py"), *script, "--learning-rate", "1e-2"])
+    gap = max_gap(tmp_path / "out" / "model.safetensors", sft_runs("ddp") / "model.safetensors")
+    print(f"zero3 from a folder: {out.count('loaded partitioned 0')} processes loaded 0 elements of the first weight; "
+          f"max |weight - DDP's| {gap:.1e}")
+    assert out.count("loaded partitioned 0") == 2 and gap < TOLERANCE
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
 def test_lora_merged_export_is_gathered_from_the_shards(strategy, sft_runs):
     out, ddp = sft_runs(strategy, lora=True), sft_runs("ddp", lora=True)
@@ -194,6 +223,19 @@ def test_sequence_parallel_sft_equals_one_process(family, tmp_path):
     assert gap < TOLERANCE and losses["sp"] == pytest.approx(losses["alone"], abs=TOLERANCE)
 
 
+def one_step_alone_and_split(script: list[str], tmp_path) -> tuple[dict, float]:
+    """One optimiser step of ``script`` in 1 process and with `--sequence-parallel 2` on 2: each run's step log and
+    the largest weight gap between them."""
+    runs = {"alone": tmp_path / "alone", "sp": tmp_path / "sp"}
+    result = subprocess.run([sys.executable, *script, "--output-dir", str(runs["alone"])], cwd=ROOT, env=environment(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    launch("ddp", [*script, "--sequence-parallel", "2", "--output-dir", str(runs["sp"])])
+    logs = {k: next(h for h in json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"]
+                    if "loss" in h) for k, out in runs.items()}
+    return logs, max_gap(runs["sp"] / "model.safetensors", runs["alone"] / "model.safetensors")
+
+
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
 def test_sequence_parallel_rl_step_equals_one_process(family, tmp_path):
     """One d1 step with `--sequence-parallel 2` (rollouts whole on both processes, the scoring passes split along the
@@ -205,15 +247,21 @@ def test_sequence_parallel_rl_step_equals_one_process(family, tmp_path):
               "--save-steps", "1", "--prompts-per-step", "4", "--num-generations", "2", "--micro-batch-size", "2",
               "--rollout.gen-length", "8", "--rewards", "dare_test_rewards.length", "--optim", "sgd",
               "--learning-rate", "0.5"]
-    runs = {"alone": tmp_path / "alone", "sp": tmp_path / "sp"}
-    result = subprocess.run([sys.executable, *script, "--output-dir", str(runs["alone"])], cwd=ROOT, env=environment(),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    launch("ddp", [*script, "--sequence-parallel", "2", "--output-dir", str(runs["sp"])])
-    logs = {k: next(h for h in json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"]
-                    if "loss" in h) for k, out in runs.items()}
-    gap = max_gap(runs["sp"] / "model.safetensors", runs["alone"] / "model.safetensors")
+    logs, gap = one_step_alone_and_split(script, tmp_path)
     print(f"{family} d1: grad norm {logs['sp']['grad_norm']:.6f} (SP=2) vs {logs['alone']['grad_norm']:.6f}; "
           f"reward {logs['sp']['reward']} vs {logs['alone']['reward']}; max |weight| gap {gap:.1e}")
     assert logs["sp"]["reward"] == logs["alone"]["reward"] and logs["alone"]["grad_norm"] > 1e-3
     assert logs["sp"]["grad_norm"] == pytest.approx(logs["alone"]["grad_norm"], rel=1e-5) and gap < TOLERANCE
+
+
+def test_sequence_parallel_vrpo_step_equals_one_process(tmp_path):
+    """The offline trainer under `--sequence-parallel 2`: one VRPO step's ELBOs (policy and frozen reference, the
+    [x_t ‖ x_0] layout, recomputed in backward) split along the sequence equal the 1-process step (SGD)."""
+    script = ["train_rl.py", "--algo", "vrpo", "--model", "tiny:sdar", "--preference.path", "task:addition",
+              "--max-steps", "1", "--save-steps", "1", "--prompts-per-step", "4", "--micro-batch-size", "4",
+              "--optim", "sgd", "--learning-rate", "0.5"]
+    logs, gap = one_step_alone_and_split(script, tmp_path)
+    print(f"vrpo: loss {logs['sp']['loss']} (SP=2) vs {logs['alone']['loss']}; grad norm {logs['sp']['grad_norm']:.6f} "
+          f"vs {logs['alone']['grad_norm']:.6f}; max |weight| gap {gap:.1e}")
+    assert logs["alone"]["grad_norm"] > 1e-3 and gap < TOLERANCE
+    assert logs["sp"]["grad_norm"] == pytest.approx(logs["alone"]["grad_norm"], rel=1e-5)

@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism (dare/parallel.py): a real 2-process CPU run (gloo) of tests/sp_check.py checks the
-logits and gradients of every family and layout against the 1-process forward, with a negative control; the
-in-process tests cover the errors (indivisible heads, lengths) and that unsharded calls are plain sdpa."""
+logits and gradients of every family and layout (packed rows and packed RL scoring too) against the 1-process
+forward, with a negative control; the in-process tests cover the errors (indivisible heads, lengths) and that
+unsharded calls are plain sdpa."""
 
 import os
 import socket
@@ -37,6 +38,7 @@ def test_two_process_ulysses_matches_full_attention():
     for family in ("llada", "dream", "sdar", "llada2"):
         assert f"sp_check rank=0 {family}" in out, out[-3000:]
     assert "sp_check rank=0 sdar doubled" in out and "sp_check rank=0 llada2{'block_size': 4} doubled" in out
+    assert "sp_check rank=0 dream plain packed" in out and "sp_check rank=0 sdar rl packed" in out
 
 
 def test_indivisible_heads_are_refused_before_any_exchange(monkeypatch):

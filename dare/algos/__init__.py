@@ -42,13 +42,16 @@ def get_algorithm(name: str) -> type:
 
 def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2")) -> str:
     """The algorithm x family support table (markdown), from the registry: ``python -m dare.algos``."""
-    rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on |",
-            "|---|" + "---|" * (len(families) + 3)]
+    rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on | sglang rollouts |",
+            "|---|" + "---|" * (len(families) + 4)]
     for name in known():
         algo = ALGORITHMS[name]()
         cells = ["yes" if algo.families is None or f in algo.families else "—" for f in families]
         estimator = type(algo.estimator()).__name__
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {estimator} | {algo.advantage} | {algo.loss_mask} |")
+        offline, needs = getattr(algo, "offline", False), getattr(algo, "needs_sampler", "")
+        engine = "— (offline)" if offline else ("— (hf only)" if needs else "yes")
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {estimator} | {algo.advantage} | {algo.loss_mask} | "
+                    f"{engine} |")
     reasons = [f"- {name} —: {ALGORITHMS[name].why_not}" for name in known()
                if ALGORITHMS[name].families is not None and set(families) - set(ALGORITHMS[name].families)]
     return "\n".join(rows + ([""] + reasons if reasons else [])) + "\n"

@@ -45,6 +45,7 @@ class Algorithm:
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
     offline: ClassVar[bool] = False  # trains on a fixed dataset (preference pairs), no rollout
     own_advantages: ClassVar[tuple[str, ...]] = ()  # advantage names an algorithm computes itself (MDPO, d-TreeRPO)
+    needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (the hf engine), if anything
 
     def validate(self, family) -> "Algorithm":
         if self.families is not None and family.name not in self.families:
@@ -65,6 +66,12 @@ class Algorithm:
         return self
 
     # -- rollout ------------------------------------------------------------------------------------------------
+    def check_engine(self, engine: str) -> None:
+        """Refuse a rollout engine that cannot give what the algorithm reads from the rollout."""
+        if engine != "hf" and self.needs_sampler:
+            raise ValueError(f"rollout.engine {engine}: {self.name} needs {self.needs_sampler}, which only DARE's own "
+                             "samplers provide; use --rollout.engine hf")
+
     def sampling(self, config: SamplingConfig, family) -> SamplingConfig:
         """The sampling config the rollout needs (e.g. recorded states); default: as given."""
         return config

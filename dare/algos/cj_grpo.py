@@ -13,6 +13,7 @@ paper's EOS early rejection and ascending step sizes are sampler options: ``--ro
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,6 +30,8 @@ AGGREGATIONS = ("step", "transition")
 @dataclass
 class CJGRPO(Algorithm):
     """CJ-GRPO: exact per-step transition log-probs along the recorded decoding trajectory."""
+
+    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
 
     advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
     loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)

@@ -16,6 +16,7 @@ it, as the sampler's block cache did).
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -60,6 +61,8 @@ def distillation_targets(children: torch.Tensor, active: torch.Tensor, adv: torc
 @dataclass
 class DTreeRPO(Algorithm):
     """d-TreeRPO: tree rollouts, sibling leave-one-out advantages on edge transitions, self-distillation."""
+
+    needs_sampler: ClassVar[str] = "decodings resumed from shared partial canvases (the tree)"
 
     branch: int = 4  # children of each first-level node (the root gets num_generations / branch children)
     split: float = 0.5  # fraction of the decoding steps the first level takes (the branch point)

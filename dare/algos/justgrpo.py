@@ -8,6 +8,7 @@ so learner = sampler. Positions are streamed (``chunk`` per backward).
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ..likelihood import Autoregressive
 from . import register
@@ -18,6 +19,8 @@ from .base import Algorithm
 @dataclass
 class JustGRPO(Algorithm):
     """JustGRPO: exact AR log-likelihood with the sampler's temperature."""
+
+    needs_sampler: ClassVar[str] = "a left-to-right decoding of one token per step, scored exactly as drawn"
 
     chunk: int = 1  # positions scored per forward / backward
     loss_mask: str = "all"

@@ -13,6 +13,7 @@ proposed for, scored through ``[x_t ‖ x_0]`` like the sampler's block cache.
 """
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -53,6 +54,8 @@ def select_steps(adv: torch.Tensor, k: int) -> torch.Tensor:
 @dataclass
 class MDPO(Algorithm):
     """MDPO: step rewards from intermediate predictions, confidence-weighted clipped loss on the top-K steps."""
+
+    needs_sampler: ClassVar[str] = "the canvas, whole-canvas prediction and confidences after every denoising step"
 
     train_steps: int = 16  # K: denoising steps trained per rollout (those with the largest total |advantage|)
     adv_eps: float = 1e-4  # per-step normalisation epsilon (paper 1e-4; DARE 1e-6)

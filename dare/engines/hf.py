@@ -2,6 +2,7 @@
 of left-padded prompts) and seeded."""
 
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,11 @@ class HFEngine:
 
     def encode(self, prompts: list) -> list[list[int]]:
         return encode(self.tokenizer, prompts)
+
+    def identity(self) -> dict:
+        """What an evaluation's fingerprint records of the model (revision, config and weights digests)."""
+        from ..eval.harness import model_identity
+        return model_identity(self.model)
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
@@ -94,6 +100,24 @@ class HFEngine:
     def _left_pad(self, rows: list[list[int]], device):
         ids, mask = left_pad(rows, self.family.pad_id)
         return ids.to(device), mask.to(device)
+
+
+class InProcessEngine:
+    """A trainer's ``hf`` engine: DARE's samplers on the policy being trained, so nothing is copied. The trainer
+    calls ``serving`` around each rollout (``dare/engines/sglang.py`` has the same contract)."""
+
+    sync_seconds = 0.0  # nothing is copied
+
+    def __init__(self, tokenizer, family, max_batch_size: int = 64):
+        self.tokenizer, self.family, self.max_batch_size = tokenizer, family, max_batch_size
+
+    @contextmanager
+    def serving(self, policy, version: int):
+        """An engine decoding with ``policy``'s current weights (``version``: the optimiser step they come from)."""
+        yield HFEngine(policy, self.tokenizer, self.family, self.max_batch_size)
+
+    def close(self):
+        pass
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

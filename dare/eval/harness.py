@@ -46,15 +46,19 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
+def model_identity(model) -> dict:
+    """The revision, config digest and weights digest of an in-process model (``HFEngine.identity``)."""
+    config = model.config
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    return {"revision": getattr(config, "_commit_hash", None), "weights": weights_digest(model),
+            "config": digest(settings)}
+
+
 def fingerprint(engine, sampling, model_name: str = "", seed: int = 0, samples: int | None = None,
                 batch_size: int = 16, processes: int = 1) -> dict:
     """What determines a sample besides its prompt (the prompts are checked per record, see ``expected``)."""
-    config = engine.model.config
-    settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-    return {"model": model_name, "revision": getattr(config, "_commit_hash", None),
-            "weights": weights_digest(engine.model), "config": digest(settings),
-            "sampling": dataclasses.asdict(sampling), "seed": seed, "samples": samples, "batch_size": batch_size,
-            "processes": processes, "micro_batch": engine.max_batch_size}
+    return {"model": model_name, **engine.identity(), "sampling": dataclasses.asdict(sampling), "seed": seed,
+            "samples": samples, "batch_size": batch_size, "processes": processes, "micro_batch": engine.max_batch_size}
 
 
 def _flat(fp: dict) -> dict:

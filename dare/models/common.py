@@ -9,6 +9,8 @@ loads with ``trust_remote_code=True`` where DARE is not installed. The shipped f
 ``from .module import name`` relative imports (the form transformers follows) and no absolute ``dare`` imports.
 """
 
+import functools
+import inspect
 import re
 import sys
 from collections.abc import Callable
@@ -24,6 +26,18 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .masks import additive, positions_from_padding, visible
+
+# transformers 5.24 renamed the output field past_key_values -> cache (older versions, e.g. 5.19 pinned by SGLang 0.5.23,
+# only know past_key_values)
+_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@functools.cache
+def cache_kwarg(module_cls: type) -> str:
+    """The name ``module_cls.forward`` takes the KV cache under: ``cache`` for our own layers and transformers >= 5.24,
+    ``past_key_values`` for transformers' layers before 5.24."""
+    params = inspect.signature(module_cls.forward).parameters
+    return "cache" if "cache" in params or "past_key_values" not in params else "past_key_values"
 
 # True in DARE itself, False in the copy shipped with a saved folder (imported by transformers as remote code)
 IN_DARE = __name__.startswith("dare.")
@@ -248,9 +262,9 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids)
         position_embeddings = self.rotary_emb(h, position_ids)
         for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache,
+            h = layer(h, attention_mask=mask, position_ids=position_ids, **{cache_kwarg(type(layer)): cache},
                       position_embeddings=position_embeddings, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), cache=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{_CACHE_FIELD: cache})
 
     def _positions_and_mask(self, attention_mask, position_ids, h, past, key_position_ids=None):
         batch, length = h.shape[:2]
@@ -336,7 +350,7 @@ class DiffusionLM(DiffusionPreTrainedModel):
             h = h[:, -logits_to_keep:] if logits_to_keep else h
         else:
             h = h[:, logits_to_keep]
-        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(h), cache=out.cache)
+        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(h), **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)})
 
 
 __all__ = [

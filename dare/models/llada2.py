@@ -56,6 +56,9 @@ class LLaDA2MoeConfig(DiffusionConfigMixin, PreTrainedConfig):
     use_qkv_bias: bool = False
     use_bias: bool = False
     initializer_range: float = 0.02
+    embedding_dropout: float = 0.0  # official keys (all 0.0), kept in saved configs: SGLang reads embedding_dropout
+    attention_dropout: float = 0.0
+    output_dropout: float = 0.0
     tie_word_embeddings: bool = False
     block_size: int = 32
     mask_token_id: int | None = 156895

@@ -72,7 +72,9 @@ def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", a
     tiny model of a ``tiny:`` name."""
     if name_or_path.startswith("tiny:"):
         from .tiny import tiny_model
-        return tiny_model(config)
+        model = tiny_model(config)
+        model.set_attn_implementation(attn_implementation)
+        return model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     return AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype,
                                                 attn_implementation=attn_implementation, trust_remote_code=False,
                                                 **kwargs)

@@ -18,6 +18,7 @@ from .common import (
     GatedMLP,
     RotaryEmbedding,
     SparseMoE,
+    cache_kwarg,
     clean_checkpoint_kwargs,
 )
 
@@ -71,7 +72,7 @@ class SDARMoeDecoderLayer(GradientCheckpointingLayer):
 
     def forward(self, h, attention_mask=None, position_embeddings=None, cache=None, **kwargs):
         a, _ = self.self_attn(self.input_layernorm(h), position_embeddings=position_embeddings,
-                              attention_mask=attention_mask, cache=cache)
+                              attention_mask=attention_mask, **{cache_kwarg(type(self.self_attn)): cache})
         h = h + a
         return h + self.mlp(self.post_attention_layernorm(h))
 

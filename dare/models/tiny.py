@@ -27,7 +27,8 @@ def tiny_parts(family: str, **config_overrides):
     mask = tok.mask_token or "<|mdm_mask|>"  # LLaDA's tokenizer declares no mask token: the id lives in the config
     ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask), eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    return make_config(len(tok), **{**ids, **config_overrides}), tok
+    vocab = config_overrides.pop("vocab_size", len(tok))  # larger than the tokenizer's: e.g. an official vocabulary
+    return make_config(vocab, **{**ids, **config_overrides}), tok
 
 
 def tiny_model(config, seed: int = 0):

@@ -12,6 +12,7 @@ import torch
 from .primitives import CONFIDENCE, THRESHOLD_RULES
 
 PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
+ENGINES = ("hf", "sglang")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class SamplingConfig:
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
     stop_at_eos: bool = True  # block families: a sequence is finished after the block holding its first stop token (EOS or turn end); tokens after it are padding
     eos_early_rejection: float | None = None  # CJ-GRPO's EOSER: EOS confidence x gamma rising from this to 1 over the steps
+    engine: str = "hf"  # what decodes: hf (DARE's samplers in-process, every family) | sglang (SGLang's dLLM engine: block families, README "SGLang")
     record_states: bool = False  # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and its probability, MDPO)
 
     def resolve(self, family) -> "SamplingConfig":
@@ -62,6 +64,8 @@ class SamplingConfig:
             if self.remasking not in PROBABILITIES:
                 raise ValueError("eos_early_rejection scales a probability confidence: use remasking "
                                  f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
+        if self.engine not in ENGINES:
+            raise ValueError(f"Unknown engine {self.engine!r}; known: {list(ENGINES)}")
         if self.cache not in (None, "none", "prefix", "dual", "block"):
             raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
         if self.threshold_rule not in THRESHOLD_RULES:
@@ -88,6 +92,9 @@ class SamplingConfig:
         try:
             cfg = self.resolve(family).validate()
             (plan_block if family.is_block_diffusion else plan_masked)(cfg, family)
+            if cfg.engine == "sglang":
+                from ..engines.sglang import check_sglang
+                check_sglang(cfg, family)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         total = prompt_length + cfg.gen_length

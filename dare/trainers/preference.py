@@ -21,6 +21,8 @@ from accelerate.utils import gather_object
 from transformers import Trainer
 
 from ..data.preference import PreferenceCollator
+from ..packing import PackedFamily
+from ..parallel import SequenceParallelFamily
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -32,18 +34,22 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
     """``per_device_train_batch_size`` = pairs per micro-batch (2 rows each: chosen and rejected)."""
 
     def __init__(self, model, args, *, algorithm, family, processing_class, train_pairs: list[dict], data,
-                 eval_pairs: list[dict] | None = None, console: str = "compact"):
+                 eval_pairs: list[dict] | None = None, console: str = "compact", sequence_parallel: int = 1,
+                 pack: int = 0):
+        self.sequence_parallel = sequence_parallel  # training's ELBOs (ShardedTraining); evaluation runs whole rows
         super().__init__(model=model, args=args, train_dataset=train_pairs, eval_dataset=eval_pairs or None,
                          data_collator=PreferenceCollator(processing_class, family, data),
                          processing_class=processing_class, console=console)
         self.algorithm, self.family = algorithm.validate(family), family
+        self.scoring_family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
+        self.scoring_family = PackedFamily(self.scoring_family, pack) if pack else self.scoring_family
         self.loss_is_scaled_for_ga = False  # a micro-batch mean: Trainer divides by the accumulation steps
         self.ref_model = None if hasattr(model, "disable_adapter") else frozen_copy(self)
         self._meters = defaultdict(lambda: [0.0, 0.0])
 
     def _get_train_sampler(self, train_dataset=None):
         pairs_per_step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
-        return RepeatSampler(len(self.train_dataset), pairs_per_step * self.args.world_size, 1, self.args.seed)
+        return RepeatSampler(len(self.train_dataset), pairs_per_step * self.data_parallel[1], 1, self.args.seed)
 
     def floating_point_ops(self, inputs):
         return 0
@@ -56,9 +62,10 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
         """Per-pair losses and metrics of a collated micro-batch; its noise is seeded by ``key`` and the pair index."""
         generators = [torch.Generator().manual_seed(self._seed(*key, int(i))) for i in inputs["index"]]
         noise = self.algorithm.corrupt(self.family, inputs, generators + generators)  # chosen, then rejected draws
+        family = self.scoring_family if model.training else self.family  # evaluation: whole rows, as they are
         with torch.no_grad(), reference(self.ref_model, self.accelerator.unwrap_model(model)) as ref:
-            baseline = self.algorithm.elbo(ref, self.family, inputs, noise)  # first: no graph alive meanwhile
-        policy = self.algorithm.elbo(model, self.family, inputs, noise)
+            baseline = self.algorithm.elbo(ref, family, inputs, noise)  # first: no graph alive meanwhile
+        policy = self.algorithm.elbo(model, family, inputs, noise)
         losses, stats = self.algorithm.loss(policy, baseline)
         return losses, {**stats, "truncated": inputs["truncated"]}
 

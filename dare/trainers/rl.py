@@ -26,8 +26,9 @@ from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from transformers import Trainer
 
-from ..engines import HFEngine
+from ..engines import InProcessEngine
 from ..engines.hf import decode_completions
+from ..packing import PackedFamily
 from ..parallel import SequenceParallelFamily
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
@@ -70,14 +71,21 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     def __init__(self, model, args, *, algorithm, family, processing_class, train_rows: list[dict], rewards,
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
-                 console: str = "compact", sequence_parallel: int = 1):
+                 console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0):
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
         self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
         self.scoring_family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
+        self.scoring_family = PackedFamily(self.scoring_family, pack) if pack else self.scoring_family
         self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
+        algorithm.check_engine(self.sampling.engine)
+        # what decodes the rollouts and validation: DARE's samplers on the policy, or an engine server (SGLang)
+        if engine is None and self.sampling.engine != "hf":
+            raise ValueError(f"rollout.engine {self.sampling.engine} needs its engine server: pass engine= (train_rl.py "
+                             "builds it)")
+        self.engine = engine or InProcessEngine(processing_class, family, rollout_batch_size)
         self.reward_workers, self.log_completions = reward_workers, log_completions
         completions, ga = args.per_device_train_batch_size * num_generations, args.gradient_accumulation_steps
         if ga % algorithm.streams or completions % (ga // algorithm.streams * algorithm.mini_batches):
@@ -120,8 +128,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         algo, family, G = self.algorithm, self.family, self.num_generations
         index = self.state.global_step // algo.cycle
         start = time.perf_counter()
-        with eval_policy(self) as policy, self.compute_loss_context_manager():
-            engine = HFEngine(policy, self.processing_class, family, self.rollout_batch_size)
+        with eval_policy(self) as policy, self.compute_loss_context_manager(), \
+                self.engine.serving(policy, self.state.global_step) as engine:
             rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling, self._seed("rollout", index))
         rolled = time.perf_counter()
         expanded = [r for r in rows for _ in range(G)]
@@ -222,6 +230,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         for name, seconds in (("time/rollout", rollout_s), ("time/reward", reward_s), ("time/old_ref_logp", score_s)):
             self._add(name, seconds)
         self._add("rollout/tokens_per_s", rollout.tokens_per_second)
+        if self.engine.sync_seconds:  # an engine server's copy of the policy's weights
+            self._add("time/weight_sync", self.engine.sync_seconds)
         self._add("rollout/nfe", rollout.nfe)
         if self.log_completions and self.is_world_process_zero():
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a") as f:
@@ -245,10 +255,16 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
                         logs[f"{name}_std"] = round(max(square / count - mean * mean, 0.0) ** 0.5, 6)
         super().log(logs, start_time)
 
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.engine.close()  # an engine server's processes and GPU memory
+
     # -- validation ---------------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         metrics = generation_metrics(self, eval_dataset or self.eval_dataset, self.eval_sampling, self.rewards,
-                                     self.reward_workers, self.rollout_batch_size, metric_key_prefix)
+                                     self.reward_workers, self.rollout_batch_size, metric_key_prefix, self.engine)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

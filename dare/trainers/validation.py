@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from accelerate.utils import gather_object
 from trl.models.utils import unwrap_model_for_generation
 
-from ..engines import HFEngine
+from ..engines import InProcessEngine
 
 
 @contextmanager
@@ -24,16 +24,17 @@ def eval_policy(trainer):
 
 
 def generation_metrics(trainer, rows: list[dict], sampling, rewards, workers: int, batch_size: int,
-                       prefix: str = "eval") -> dict:
+                       prefix: str = "eval", server=None) -> dict:
     """``{prefix}_reward``, ``{prefix}_acc`` (and ``/<data source>`` of each), ``{prefix}_completion_length`` and
     ``{prefix}_seconds`` of greedy-or-sampled completions (``sampling``, seeded by ``args.seed``) of ``rows`` (RL
-    rows: prompt messages, ground_truth, data_source, extra_info)."""
+    rows: prompt messages, ground_truth, data_source, extra_info), decoded by ``server`` (default: in-process)."""
     accelerator = trainer.accelerator
     mine = rows[accelerator.process_index::accelerator.num_processes]
     start, scored = time.perf_counter(), []
-    with eval_policy(trainer) as policy, trainer.compute_loss_context_manager():
+    server = server or InProcessEngine(trainer.processing_class, trainer.family, batch_size)
+    with eval_policy(trainer) as policy, trainer.compute_loss_context_manager(), \
+            server.serving(policy, trainer.state.global_step) as engine:
         if mine:
-            engine = HFEngine(policy, trainer.processing_class, trainer.family, batch_size)
             rollout = engine.generate([r["prompt"] for r in mine], 1, sampling, seed=trainer.args.seed)
     if mine:
         results = rewards.score(rollout.texts, mine, workers)
