@@ -4,6 +4,7 @@ batch per rank, then checks that the parameters moved from init and are identica
 import torch
 from accelerate import Accelerator
 
+from dare.config import leave_together
 from dare.models import load_pretrained
 from dare.objectives import sft_loss
 
@@ -41,7 +42,7 @@ def main():
     assert torch.equal(every[0], every[1]), f"ranks diverged: max diff {(every[0] - every[1]).abs().max()}"
     accelerator.wait_for_everyone()
     print(f"ddp_check rank={rank} OK", flush=True)
-    accelerator.end_training()
+    leave_together()
 
 
 if __name__ == "__main__":

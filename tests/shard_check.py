@@ -16,6 +16,7 @@ import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 
 from dare.algos import get_algorithm
+from dare.config import leave_together
 from dare.diffusion import corrupt, recipe_for, sample_t
 from dare.models import Family, tiny
 from dare.objectives import sft_loss, sft_units
@@ -149,3 +150,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    leave_together()

@@ -15,6 +15,7 @@ per-token log-probs and gradients of an odd-width rollout batch equal the plain 
 import torch
 import torch.distributed as dist
 
+from dare.config import leave_together
 from dare.likelihood import score_tokens
 from dare.models import Family, masks, tiny
 from dare.packing import PackedFamily
@@ -159,7 +160,7 @@ def main():
     dist.barrier()
     assert not failures, f"rank {sp.rank}: {failures}"
     print(f"sp_check rank={sp.rank} OK", flush=True)
-    dist.destroy_process_group()
+    leave_together()
 
 
 if __name__ == "__main__":

@@ -199,7 +199,9 @@ def test_two_machines_on_one_host(tmp_path):
     assert (checkpoint / "rng_state_0.pth").exists() and (checkpoint / "rng_state_1.pth").exists()
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
+# Dream (the logit shift across a rank boundary) and LLaDA2 (block-causal, [x_t ‖ x_0], MoE); the exchange itself is
+# checked on every family and layout by tests/sp_check.py
+@pytest.mark.parametrize("family", ["dream", "llada2"])
 def test_sequence_parallel_sft_equals_one_process(family, tmp_path):
     """The README's `--sequence-parallel 2` line (2 processes share each row; Ulysses attention) ends with the
     weights of the plain 1-process run of the same command, every family (both layouts, MoE, Dream's shift)."""
@@ -236,7 +238,7 @@ def one_step_alone_and_split(script: list[str], tmp_path) -> tuple[dict, float]:
     return logs, max_gap(runs["sp"] / "model.safetensors", runs["alone"] / "model.safetensors")
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2"])
+@pytest.mark.parametrize("family", ["dream", "llada2"])
 def test_sequence_parallel_rl_step_equals_one_process(family, tmp_path):
     """One d1 step with `--sequence-parallel 2` (rollouts whole on both processes, the scoring passes split along the
     sequence and gathered) equals the 1-process step: the same rollout, loss, gradient norm and weights (SGD, so a

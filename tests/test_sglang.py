@@ -8,10 +8,7 @@ The real engine is tested in tests/test_sglang_real.py, in SGLang's own environm
 
 import copy
 import functools
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +20,6 @@ from dare.engines.sglang_plugin import block_step, request_knobs
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[{"role": "user", "content": "What is 12 plus 30?"}], [{"role": "user", "content": "Hi"}],
            [{"role": "user", "content": "Count to five, please, slowly."}]]
 
@@ -197,16 +193,25 @@ def test_server_arguments_for_a_checkpoint():
     assert '"rope_theta": 1000000.0' in args["json_model_override_args"] and args["dtype"] == "bfloat16"
 
 
-def test_scripts_refuse_sglang_before_loading_anything(tmp_path):
-    common = [sys.executable, "train_rl.py", "--model", "tiny:sdar", "--data.path", "task:addition",
-              "--rollout.engine", "sglang", "--output-dir", str(tmp_path)]
-    for extra, message in ((["--algo", "cj-grpo"], "cj-grpo needs the step at which each token was decoded"),
-                           (["--algo", "d1"], "serves a checkpoint .* not a tiny: model")):
-        result = subprocess.run(common + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and message.split(" .* ")[0] in result.stderr, result.stderr[-2000:]
-    result = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny:llada", "--engine", "sglang", "--prompt",
-                             "Hi"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "block-diffusion models only" in result.stderr, result.stderr[-2000:]
+def test_scripts_refuse_sglang_before_loading_anything(tmp_path, monkeypatch):
+    import evaluate
+    import train_rl
+    from dare.config import parse
+    from dare.models import loading
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_weights", no_weights)
+    common = ["--model", "tiny:sdar", "--data.path", "task:addition", "--rollout.engine", "sglang",
+              "--output-dir", str(tmp_path)]
+    for algo, message in (("cj-grpo", "cj-grpo needs the step at which each token was decoded"),
+                          ("d1", "serves a checkpoint .* not a tiny: model")):
+        with pytest.raises(ValueError, match=message):
+            train_rl.main(parse(train_rl.args_class(algo), ["--algo", algo, *common]))
+    with pytest.raises(ValueError, match="block-diffusion models only"):
+        evaluate.main(parse(evaluate.Args, ["--model", "tiny:llada", "--engine", "sglang", "--prompt", "Hi"],
+                            config=(evaluate.tyro.conf.OmitArgPrefixes,)))
 
 
 def test_without_sglang_the_engine_says_where_it_lives(tmp_path):

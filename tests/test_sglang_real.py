@@ -37,13 +37,21 @@ PROMPTS = [[{"role": "user", "content": "What is 12 plus 30?"}], [{"role": "user
 OFFICIAL = {"sdar": (sdar.tiny_config, 151936, 151669), "llada2": (llada2.tiny_config, 157184, 156895)}
 
 
-def build(family: str, path: Path) -> str:
+# SGLang's plain-PyTorch MoE (no CUDA) leaves out LLaDA2's routed_scaling_factor, which its CUDA kernels fuse in: the
+# CPU tests use 1.0 (test_llada2_routed_scaling_on_sglangs_cpu_path shows the gap with the official 2.5)
+LLADA2 = {"block_size": 4, "routed_scaling_factor": 1.0}
+
+
+def build(family: str, path: Path, perturb: float = 0.0, **overrides) -> str:
     make_config, vocab, mask = OFFICIAL[family]
     tok = tiny_tokenizer(family)
     config = make_config(vocab, mask_token_id=mask, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.bos_token_id, **({"block_size": 4} if family == "llada2" else {}))
+                         bos_token_id=tok.bos_token_id, **{**(LLADA2 if family == "llada2" else {}), **overrides})
     model = tiny_model(config)
     with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for p in model.parameters():  # a random model's tied predictions say little about agreement: spread them
+            p.add_(torch.randn(p.shape, generator=generator) * perturb)
         head = model.get_output_embeddings().weight
         head[len(tok):] = 0
         head[:len(tok)] *= 8  # decided predictions: a threshold has something to admit
@@ -55,7 +63,7 @@ def build(family: str, path: Path) -> str:
 
 @pytest.fixture(scope="module", params=["sdar", "llada2"])
 def served(request, tmp_path_factory):
-    path = build(request.param, tmp_path_factory.mktemp(request.param))
+    path = build(request.param, tmp_path_factory.mktemp(request.param), perturb=0.05)
     model, tok, family = load_pretrained(path, dtype=torch.float32)
     engine = SGLangEngine(path, tok, family, SGLangOptions(max_running_requests=16,
                                                           server_args='{"max_total_tokens": 8192}'))
@@ -63,16 +71,9 @@ def served(request, tmp_path_factory):
     engine.shutdown()
 
 
-LLADA2_GAP = ("SGLang 0.5.23's LLaDA2 forward departs from the official model's (DARE's) after the first block: "
-              "there DareBlock gives exactly SGLang's own LowConfidence tokens (test_dare_block_equals_sglangs_own_"
-              "low_confidence), so the gap is in SGLang's model, not in DARE's decoding")
-
-
 @pytest.mark.parametrize("knobs", [{}, {"steps": 2}, {"threshold": 0.5, "threshold_rule": "one"}])
-def test_greedy_tokens_equal_the_hf_engine(served, knobs, request):
+def test_greedy_tokens_equal_the_hf_engine(served, knobs):
     model, hf, engine = served
-    if hf.family.name == "llada2":
-        request.applymarker(pytest.mark.xfail(reason=LLADA2_GAP, strict=True))
     config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang", **knobs)
     ours, theirs = hf.generate(PROMPTS, 1, config, seed=0), engine.generate(PROMPTS, 1, config, seed=0)
     same = (ours.completion_ids == theirs.completion_ids) | ~ours.completion_mask.bool()
@@ -134,15 +135,15 @@ def completions(rollout) -> list:
 
 def test_dare_block_equals_sglangs_own_low_confidence(served, tmp_path):
     """Greedy one-token-per-step decoding is what SGLang's LowConfidence does with threshold 1 (only the single most
-    confident position each step): DareBlock's tokens equal it (on LLaDA2 too, where both differ from hf)."""
+    confident position each step): DareBlock's tokens equal it."""
     _, _, engine = served
     ours = engine.generate(PROMPTS, 1, SamplingConfig(gen_length=12, temperature=0.0, engine="sglang"), seed=0)
     assert completions(ours) == alone(engine.model_path, "native", tmp_path)
 
 
 def test_pushed_weights_are_the_ones_that_decode(served, tmp_path):
-    """Weights pushed in memory decode as the same weights loaded from a folder (every key reaches SGLang's model;
-    SDAR: and as the hf engine); pushing the originals back restores the output."""
+    """Weights pushed in memory decode as the same weights loaded from a folder (every key reaches SGLang's model) and
+    as the hf engine; pushing the originals back restores the output."""
     model, hf, engine = served
     config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang")
     before = engine.generate(PROMPTS, 1, config, seed=0)
@@ -155,12 +156,22 @@ def test_pushed_weights_are_the_ones_that_decode(served, tmp_path):
     model.save_pretrained(tmp_path / "perturbed")
     hf.tokenizer.save_pretrained(tmp_path / "perturbed")
     assert completions(changed) == alone(str(tmp_path / "perturbed"), "dare", tmp_path)
-    if hf.family.name == "sdar":
-        assert completions(changed) == completions(hf.generate(PROMPTS, 1, config, seed=0))
+    assert completions(changed) == completions(hf.generate(PROMPTS, 1, config, seed=0))
     assert completions(changed) != completions(before)
     model.load_state_dict(original)
     engine.push_weights(model.state_dict().items())
     assert completions(engine.generate(PROMPTS, 1, config, seed=0)) == completions(before)
+
+
+@pytest.mark.xfail(not torch.cuda.is_available(), strict=True, reason="SGLang 0.5.23's plain-PyTorch MoE (no CUDA) "
+                   "leaves out routed_scaling_factor; DareBlock gives SGLang's own LowConfidence tokens there too")
+def test_llada2_routed_scaling_on_sglangs_cpu_path(tmp_path):
+    """LLaDA2 with the official routed_scaling_factor (2.5): SGLang's greedy tokens against DARE's (the official
+    model's). Equal wherever SGLang applies the factor; on its CPU path it does not (with 1.0 everything agrees)."""
+    path = build("llada2", tmp_path / "llada2", perturb=0.05, routed_scaling_factor=2.5)
+    model, tok, family = load_pretrained(path, dtype=torch.float32)
+    config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang")
+    assert alone(path, "dare", tmp_path) == completions(HFEngine(model, tok, family).generate(PROMPTS, 1, config, 0))
 
 
 def test_sampling_gives_distinct_seeded_completions(served):
