@@ -133,15 +133,14 @@ def batch_shape(args: Args, world: int) -> tuple[int, int]:
 def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # noqa: F821
     from transformers import TrainingArguments
 
-    from dare.trainers.distributed import process_group_args
+    from dare.trainers.distributed import checkpointing_args, process_group_args
 
     return TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, optim=args.optim, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
         lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
         num_train_epochs=args.num_train_epochs, bf16=args.bf16,
-        **{"activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
-           else "gradient_checkpointing": args.gradient_checkpointing}, logging_steps=args.logging_steps,
+        **checkpointing_args(args.gradient_checkpointing), logging_steps=args.logging_steps,
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
         eval_on_start=args.eval_on_start and validate, seed=args.seed, remove_unused_columns=False,
@@ -170,8 +169,10 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
     sampling.check(family, "rollout", longest, max_positions(config))
     args.algo_config.check_engine(sampling.engine)
-    if sampling.engine == "sglang" and args.model.startswith("tiny:"):
-        raise ValueError("rollout.engine sglang serves a checkpoint (a local folder or hub name), not a tiny: model")
+    engine = None
+    if sampling.engine == "sglang":
+        from dare.engines.sglang import SGLangServer
+        engine = SGLangServer(args.model, tokenizer, family, args.sglang)  # its checks run before the weights load
     validation = args.validation.over(args.rollout)
     if evaluation is not None:
         validation.check(family, "validation", longest_eval, max_positions(config))
@@ -180,10 +181,6 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
         args, training_args.world_size)
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    engine = None
-    if sampling.engine == "sglang":
-        from dare.engines.sglang import SGLangServer
-        engine = SGLangServer(args.model, tokenizer, family, args.sglang)
     trainer = DiffusionRLTrainer(
         model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
         train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,

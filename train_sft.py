@@ -66,7 +66,7 @@ def main(args: Args):
     from dare.lora import apply_lora
     from dare.models.loading import load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, fit
-    from dare.trainers.distributed import process_group_args
+    from dare.trainers.distributed import checkpointing_args, process_group_args
 
     set_seed(args.seed)
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
@@ -95,8 +95,7 @@ def main(args: Args):
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=args.bf16,
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        **{"activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
-           else "gradient_checkpointing": args.gradient_checkpointing}, logging_steps=args.logging_steps,
+        **checkpointing_args(args.gradient_checkpointing), logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         seed=args.seed, remove_unused_columns=False, eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",

@@ -136,14 +136,16 @@ class RecordingEngine:
         self.calls.append("shutdown")
 
 
-def test_server_starts_once_and_pushes_only_changed_weights():
+def test_server_starts_once_and_pushes_only_changed_weights(tmp_path):
     from dare.lora import LoraArgs, apply_lora
+    from dare.models import save_tiny
     model, tok, family = parts("sdar")
     policy = apply_lora(tiny("sdar")[0], LoraArgs(rank=2))
     for name, p in policy.named_parameters():
         if "lora_B" in name:
             p.data.fill_(0.01)
-    server = SGLangServer("folder", tok, family, SGLangOptions(), RecordingEngine)
+    folder = save_tiny("sdar", tmp_path / "sdar", vocab_size=151936, mask_token_id=151669)  # SGLang's SDAR mask id
+    server = SGLangServer(folder, tok, replace(family, mask_id=151669), SGLangOptions(), RecordingEngine)
     for version in (0, 0, 1):
         with server.serving(policy, version) as engine:
             pass
@@ -209,6 +211,10 @@ def test_scripts_refuse_sglang_before_loading_anything(tmp_path, monkeypatch):
                           ("d1", "serves a checkpoint .* not a tiny: model")):
         with pytest.raises(ValueError, match=message):
             train_rl.main(parse(train_rl.args_class(algo), ["--algo", algo, *common]))
+    from dare.models import save_tiny
+    common[1] = save_tiny("sdar", tmp_path / "sdar")  # a checkpoint with another mask id than SGLang fixes
+    with pytest.raises(ValueError, match="fixes SDARForCausalLM's mask token to id 151669"):
+        train_rl.main(parse(train_rl.args_class("d1"), ["--algo", "d1", *common]))
     with pytest.raises(ValueError, match="block-diffusion models only"):
         evaluate.main(parse(evaluate.Args, ["--model", "tiny:llada", "--engine", "sglang", "--prompt", "Hi"],
                             config=(evaluate.tyro.conf.OmitArgPrefixes,)))

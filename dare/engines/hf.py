@@ -24,6 +24,15 @@ def encode(tokenizer, prompts: list) -> list[list[int]]:
     return out
 
 
+def check_prompts(ids: list[list[int]]) -> list[list[int]]:
+    """The token ids of the rows to decode, refused if there are none or one is empty."""
+    if not ids:
+        raise ValueError("No prompts given.")
+    if any(len(p) == 0 for p in ids):
+        raise ValueError("Empty prompt: every prompt needs at least one token.")
+    return ids
+
+
 def decode_completions(tokenizer, family, completion: torch.Tensor, generated: torch.Tensor | None = None):
     """The completion mask (generated tokens up to and including the first stop token) and the texts (up to, not
     including, the first stop token; special tokens skipped) of ``[N, R]`` completion ids."""
@@ -45,8 +54,8 @@ class HFEngine:
 
     def identity(self) -> dict:
         """What an evaluation's fingerprint records of the model (revision, config and weights digests)."""
-        from ..eval.harness import model_identity
-        return model_identity(self.model)
+        from ..eval.harness import identity, weights_digest
+        return identity(self.model.config, weights_digest(self.model))
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
@@ -56,11 +65,7 @@ class HFEngine:
         config = config or SamplingConfig()
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
-        ids = [p for p in self.encode(prompts) for _ in range(n)]
-        if not ids:
-            raise ValueError("No prompts given.")
-        if any(len(p) == 0 for p in ids):
-            raise ValueError("Empty prompt: every prompt needs at least one token.")
+        ids = check_prompts([p for p in self.encode(prompts) for _ in range(n)])
         parts, start = [], time.perf_counter()
         was_training = self.model.training
         self.model.eval()

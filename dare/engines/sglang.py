@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import Rollout
-from .hf import decode_completions, encode, left_pad
+from .hf import check_prompts, decode_completions, encode, left_pad
 from .sglang_plugin import NAME, knobs_carrier, request_knobs
 
 # SGLang's dLLM config hardcodes the mask id of each architecture (sglang/srt/dllm/config.py), whatever config.json says
@@ -56,6 +56,18 @@ def check_sglang(config, family) -> None:
     for knob, (asked, what) in refused.items():
         if asked:
             raise ValueError(f"engine sglang: {knob} ({what}) is decoded by DARE's own sampler only; use engine hf")
+
+
+def served_config(model_path: str, family):
+    """The config of the checkpoint SGLang will serve, refused (before SGLang or any weights load) if SGLang cannot
+    serve it as DARE decodes: a ``tiny:`` name, another architecture, another mask id than SGLang fixes."""
+    from transformers import AutoConfig
+    if model_path.startswith("tiny:"):
+        raise ValueError("engine sglang serves a checkpoint (a local folder or hub name), not a tiny: model; "
+                         "save one with dare.models.save_tiny")
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    check_checkpoint(config, family)
+    return config
 
 
 def check_checkpoint(model_config, family) -> str:
@@ -145,15 +157,9 @@ class SGLangEngine:
                  gpu: int | None = None):
         import tempfile
 
-        from transformers import AutoConfig
-
-        if model_path.startswith("tiny:"):
-            raise ValueError("engine sglang serves a checkpoint (a local folder or hub name), not a tiny: model; "
-                             "save one with dare.models.save_tiny")
+        self.config = served_config(model_path, family)
         self.tokenizer, self.family, self.options = tokenizer, family, options or SGLangOptions()
         self.model_path, self.max_batch_size = model_path, self.options.max_running_requests
-        self.config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
-        check_checkpoint(self.config, family)
         try:
             import sglang
         except ImportError:
@@ -170,15 +176,14 @@ class SGLangEngine:
         return encode(self.tokenizer, prompts)
 
     def generate(self, prompts: list, n: int = 1, config=None, seed: int | None = None, **resume) -> Rollout:
+        from dataclasses import replace
+
         from ..sampling import SamplingConfig
         if any(v not in (None, 0) for v in resume.values()):
             raise ValueError(f"engine sglang cannot resume a partial decoding ({sorted(resume)}); use engine hf")
-        config = (config or SamplingConfig(engine="sglang")).check(self.family, "sampling")
-        check_sglang(config, self.family)
-        prompt_ids = self.encode(prompts)
-        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("No prompts given." if not prompt_ids else "Empty prompt: every prompt needs a token.")
-        ids, params = requests(prompt_ids, n, config, self.family, seed)
+        config = replace(config or SamplingConfig(), engine="sglang").check(self.family, "sampling")  # + check_sglang
+        ids, params = requests(self.encode(prompts), n, config, self.family, seed)
+        check_prompts(ids)
         start = time.perf_counter()
         outputs = self.engine.generate(input_ids=ids, sampling_params=params,
                                        custom_logit_processor=[self._carrier] * len(ids))
@@ -214,11 +219,9 @@ class SGLangEngine:
         """What the evaluation fingerprint records of the served weights: the folder's files, by name and size."""
         from pathlib import Path
 
-        from ..eval.harness import digest
+        from ..eval.harness import digest, identity
         files = sorted(p for p in Path(self.model_path).glob("*") if p.suffix in (".safetensors", ".json", ".bin"))
-        settings = {k: v for k, v in self.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-        return {"revision": getattr(self.config, "_commit_hash", None), "config": digest(settings),
-                "weights": digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])}
+        return identity(self.config, digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]))
 
     def shutdown(self):
         import os
@@ -231,6 +234,7 @@ class SGLangServer:
     weights whenever they changed, its GPU memory released between rollouts when colocated with training."""
 
     def __init__(self, model_path: str, tokenizer, family, options: SGLangOptions | None = None, engine_class=None):
+        served_config(model_path, family)  # refused now, not at the first rollout
         self.model_path, self.tokenizer, self.family = model_path, tokenizer, family
         self.options = options or SGLangOptions()
         self.engine_class = engine_class or SGLangEngine

@@ -46,12 +46,11 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def model_identity(model) -> dict:
-    """The revision, config digest and weights digest of an in-process model (``HFEngine.identity``)."""
-    config = model.config
+def identity(config, weights: str) -> dict:
+    """What a fingerprint records of a model: its hub revision, ``weights`` (a digest of them) and a digest of its
+    ``config``'s settings (not where it was read from)."""
     settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-    return {"revision": getattr(config, "_commit_hash", None), "weights": weights_digest(model),
-            "config": digest(settings)}
+    return {"revision": getattr(config, "_commit_hash", None), "weights": weights, "config": digest(settings)}
 
 
 def fingerprint(engine, sampling, model_name: str = "", seed: int = 0, samples: int | None = None,

@@ -34,6 +34,14 @@ def process_group_args() -> dict:
     return {"ddp_backend": "gloo"}
 
 
+def checkpointing_args(enabled: bool) -> dict:
+    """The ``TrainingArguments`` keyword for activation checkpointing: ``activation_checkpointing`` from transformers
+    5.24, ``gradient_checkpointing`` before (5.19 is SGLang 0.5.23's pin)."""
+    from transformers import TrainingArguments
+    fields = TrainingArguments.__dataclass_fields__
+    return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
+
+
 def restore_fsdp(accelerator, plugin_args: dict | None = None) -> bool:
     """Give ``accelerator`` back the FSDP plugin that accelerate dropped for CPU processes (the launch's FSDP_* env,
     or ``plugin_args``); True if it did. Call it before ``accelerator.prepare``."""
@@ -83,6 +91,14 @@ class ShardedTraining:
         groups = [dist.new_group(list(range(first, first + size))) for first in range(0, world, size)]  # all ranks
         self.model.set_attn_implementation(ATTENTION)  # plain sdpa wherever a call is not sharded (generation)
         return SequenceParallel(groups[rank // size])
+
+    def scoring(self, family, pack: int = 0):
+        """``family`` as the training passes score through it: split over the sequence-parallel group, its rows
+        packed into rows of ``pack`` tokens (0: not packed)."""
+        from ..packing import PackedFamily
+        from ..parallel import SequenceParallelFamily
+        family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
+        return PackedFamily(family, pack) if pack else family
 
     @property
     def data_parallel(self) -> tuple[int, int]:

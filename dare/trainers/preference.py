@@ -21,8 +21,6 @@ from accelerate.utils import gather_object
 from transformers import Trainer
 
 from ..data.preference import PreferenceCollator
-from ..packing import PackedFamily
-from ..parallel import SequenceParallelFamily
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -41,8 +39,7 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
                          data_collator=PreferenceCollator(processing_class, family, data),
                          processing_class=processing_class, console=console)
         self.algorithm, self.family = algorithm.validate(family), family
-        self.scoring_family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
-        self.scoring_family = PackedFamily(self.scoring_family, pack) if pack else self.scoring_family
+        self.scoring_family = self.scoring(family, pack)
         self.loss_is_scaled_for_ga = False  # a micro-batch mean: Trainer divides by the accumulation steps
         self.ref_model = None if hasattr(model, "disable_adapter") else frozen_copy(self)
         self._meters = defaultdict(lambda: [0.0, 0.0])

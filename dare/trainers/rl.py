@@ -28,8 +28,6 @@ from transformers import Trainer
 
 from ..engines import InProcessEngine
 from ..engines.hf import decode_completions
-from ..packing import PackedFamily
-from ..parallel import SequenceParallelFamily
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -76,8 +74,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
         self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
-        self.scoring_family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
-        self.scoring_family = PackedFamily(self.scoring_family, pack) if pack else self.scoring_family
+        self.scoring_family = self.scoring(family, pack)
         self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
         algorithm.check_engine(self.sampling.engine)
