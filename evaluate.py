@@ -2,10 +2,11 @@
 
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --bench gsm8k,math500 --gen-length 256 --block-length 8
     accelerate launch evaluate.py --model JetLM/SDAR-8B-Chat --bench humaneval,mbpp --data-dir ../shared/data/rl/test
-    python evaluate.py --model tiny:llada --bench task:addition --limit 20 --gen-length 16 --output-dir outputs/eval-tiny
+    python evaluate.py --model tiny:llada --bench task:addition --limit 20 --gen-length 16 \\
+        --output-dir outputs/eval-tiny
     python evaluate.py --compare outputs/eval-base/report.json outputs/eval-rl/report.json --plot compare.png
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --prompt "What is 15 * 4?" --gen-length 128 --steps 128
-    python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9          # interactive chat (empty line or Ctrl-D quits)
+    python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9   # interactive chat (empty line or Ctrl-D quits)
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
     python evaluate.py --model JetLM/SDAR-8B-Chat --engine sglang --bench gsm8k --threshold 0.9   # SGLang's environment
@@ -28,7 +29,7 @@ import torch
 import tyro
 
 from dare.config import parse, run
-from dare.engines.sglang import SGLangOptions
+from dare.engines import check_decoding, engine_options, get_engine, make_engine, with_engine_options
 from dare.sampling import SamplingConfig
 
 # Only what the flags need is imported here, so that --help answers at once; the rest inside the functions below.
@@ -39,6 +40,9 @@ class Args:
     """Evaluate, chat with, or generate from a diffusion LM."""
 
     model: str = ""  # hub name, local folder, or tiny:<family>
+    # what decodes: hf (DARE's samplers in-process, every family) | sglang (block families, SGLang's environment; README
+    # "SGLang")
+    engine: str = "hf"
     prompt: str | None = None  # generate for this prompt and exit; omit for an interactive chat
     system: str | None = None  # optional system message
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -48,8 +52,11 @@ class Args:
     seed: int = 0
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
-    bench: str | None = None  # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated task>
-    data_dir: str | None = None  # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub
+    # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated
+    # task>
+    bench: str | None = None
+    # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub
+    data_dir: str | None = None
     limit: int | None = None  # first N prompts of each benchmark
     samples: int | None = None  # completions per prompt (default: the benchmark's; AIME 8)
     pass_k: list[int] = field(default_factory=lambda: [1])  # report pass@k for these k (needs samples >= k)
@@ -58,7 +65,9 @@ class Args:
     overwrite: bool = False  # recompute: first delete the samples/report/fingerprint evaluate.py wrote in output_dir
     compare: list[str] | None = None  # report.json files to put side by side (no model needed)
     plot: str | None = None  # with --compare: write a bar chart PNG here
-    sglang: SGLangOptions = field(default_factory=SGLangOptions)  # the SGLang engine of --engine sglang
+
+
+Args = with_engine_options(Args)  # + the options of each engine that has them (sglang: --mem-fraction, --tp, ...)
 
 
 def answer(engine, messages: list[dict], args: Args) -> str:
@@ -102,7 +111,6 @@ def run_benchmarks(args: Args, engine) -> dict:
 
 
 def main(args: Args):
-    from dare.engines import HFEngine
     from dare.eval import report
     from dare.models.loading import load_config, load_weights, max_positions
 
@@ -111,24 +119,23 @@ def main(args: Args):
         return
     if not args.model:
         raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
+    kind = get_engine(args.engine)
     config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
-    args.sampling.check(family, "sampling", 0, max_positions(config))
-    if args.sampling.engine == "sglang":
-        from dare.engines.sglang import SGLangEngine
-        if args.show_order or args.trajectory:
-            raise ValueError("--show-order and --trajectory show DARE's recorded decoding steps: use --engine hf")
-        gpu = process_state().local_process_index if torch.cuda.is_available() else None
-        engine = SGLangEngine(args.model, tokenizer, family, args.sglang, gpu)
-    else:
+    check_decoding(kind, args.sampling, family, "sampling", 0, max_positions(config))
+    if (args.show_order or args.trajectory) and not kind.own_samplers:
+        raise ValueError("--show-order and --trajectory show DARE's recorded decoding steps: use --engine hf")
+    model = None
+    if kind.needs_weights:
         dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-        model = load_weights(args.model, config, dtype, args.attn_implementation)
         device = process_state().device if args.bench and process_state().num_processes > 1 else args.device
-        engine = HFEngine(model.to(device).eval(), tokenizer, family, max_batch_size=args.batch_size * (args.samples or 8))
+        model = load_weights(args.model, config, dtype, args.attn_implementation).to(device).eval()
+    engine = make_engine(args.engine, args.model, tokenizer, family, model=model,
+                         options=engine_options(args, kind.name), max_batch_size=args.batch_size * (args.samples or 8),
+                         gpu=process_state().local_process_index if torch.cuda.is_available() else None)
     try:
         serve(args, engine, family)
     finally:
-        if args.sampling.engine == "sglang":
-            engine.shutdown()
+        engine.close()
 
 
 def serve(args: Args, engine, family):

@@ -6,19 +6,21 @@
         --rollout.gen-length 16 --output-dir outputs/rl-tiny
     python train_rl.py --config recipes/llada/d1_gsm8k.yaml --resume   # continue from the newest complete checkpoint
     python train_rl.py --algo d1 --help                                  # every knob, the algorithm's included
-    python train_rl.py --algo vrpo --model tiny:llada --preference.path task:addition --max-steps 4 \
+    python train_rl.py --algo vrpo --model tiny:llada --preference.path task:addition --max-steps 4 \\
         --prompts-per-step 8 --micro-batch-size 4 --output-dir outputs/vrpo-tiny   # offline: preference pairs
 
 Every field below is a flag; ``--config`` YAML files set the defaults. The algorithm's own knobs (clip range, inner
 iterations, KL weight, its estimator's settings) are the ``--algo-config.*`` flags / the ``algo_config:`` section.
 Metrics (rewards per data source, accuracy, clip fraction, KL, entropy, time split, rollout tokens/s) go to the
-console and to ``report_to``; sample completions to ``<output_dir>/completions.jsonl``. An offline algorithm (VRPO)
-trains on preference pairs instead (the ``preference:`` section; no rollout, no reward): ``prompts_per_step`` pairs
-per optimiser step, ``micro_batch_size`` rows (two per pair) per forward/backward.
+console and to ``report_to``; sample completions to ``<output_dir>/completions.jsonl``. The algorithm names its
+trainer: ``rl`` rolls out and rewards; ``preference`` (VRPO) trains on fixed pairs instead (the ``preference:``
+section; no rollout, no reward): ``prompts_per_step`` pairs per optimiser step, ``micro_batch_size`` rows (two per
+pair) per forward/backward.
 """
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 # Only what the flags need is imported here, so that --help answers at once; what runs (transformers, peft,
@@ -27,7 +29,7 @@ from dare.algos import get_algorithm
 from dare.config import parse, peek, run
 from dare.data import RLDataConfig
 from dare.data.preference import PreferenceDataConfig
-from dare.engines.sglang import SGLangOptions
+from dare.engines import check_decoding, engine_options, get_engine, with_engine_options
 from dare.lora import LoraArgs
 from dare.sampling import SamplingConfig, SamplingOverrides
 
@@ -39,13 +41,16 @@ class Args:
     algo: str = "d1"  # the algorithm (dare/algos/<name>.py)
     model: str = "tiny:llada"  # hub name, local folder or tiny:<family>
     data: RLDataConfig = field(default_factory=RLDataConfig)
-    rewards: list[str] = field(default_factory=lambda: ["auto"])  # auto | NAME[:W] | SOURCE=NAME[:W] (dare/rewards/routing.py)
+    # auto | NAME[:W] | SOURCE=NAME[:W] (dare/rewards/routing.py)
+    rewards: list[str] = field(default_factory=lambda: ["auto"])
     num_generations: int = 8  # completions per prompt (the group of the group advantage)
     prompts_per_step: int = 16  # prompts per rollout batch, all processes (offline: pairs per optimiser step)
     micro_batch_size: int = 8  # completions per forward/backward on one device
     rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
+    # what decodes rollouts and validation: hf (DARE's samplers, every family) | sglang (block families; README
+    # "SGLang"; its --sglang.* section)
+    rollout_engine: str = "hf"
     validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
-    sglang: SGLangOptions = field(default_factory=SGLangOptions)  # the SGLang engine of --rollout.engine sglang
     rollout_batch_size: int = 64  # completions the engine decodes together
     reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
     lora: LoraArgs = field(default_factory=LoraArgs)
@@ -63,8 +68,12 @@ class Args:
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
-    sequence_parallel: int = 1  # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-parallel size = processes / this
-    pack: int = 0  # score packed rows of this many tokens (at least the batch's width; 1: that width; 0: off): the rows' attended tokens first-fit, no padding, same losses (dare/packing.py)
+    # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-
+    # parallel size = processes / this
+    sequence_parallel: int = 1
+    # score packed rows of this many tokens (at least the batch's width; 1: that width; 0: off): the rows' attended
+    # tokens first-fit, no padding, same losses (dare/packing.py)
+    pack: int = 0
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     logging_steps: int = 1  # log metrics every N optimiser steps
     save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
@@ -72,7 +81,8 @@ class Args:
     eval_steps: int = 20  # validate on data.eval_path every N steps (0: never)
     eval_on_start: bool = False  # validate once before training
     report_to: str = "none"  # none | tensorboard | wandb
-    console: Literal["compact", "full"] = "compact"  # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
+    # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
+    console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -80,14 +90,14 @@ class Args:
 
 
 def args_class(algo: str):
-    """``Args`` with the algorithm's knobs as the ``algo_config`` section."""
+    """``Args`` with the algorithm's knobs as the ``algo_config`` section (and its trainer's data section)."""
     algorithm = get_algorithm(algo)
-    offline = getattr(algorithm, "offline", False)
-    extra = [("preference", PreferenceDataConfig, field(default_factory=PreferenceDataConfig))] if offline else []
+    preference = algorithm.trainer == "preference"
+    extra = [("preference", PreferenceDataConfig, field(default_factory=PreferenceDataConfig))] if preference else []
     cls = dataclasses.make_dataclass("Args", [("algo_config", algorithm, field(default_factory=algorithm)), *extra],
-                                     bases=(Args,))
-    cls.__doc__ = f"{'Offline preference optimisation' if offline else 'Online RL'} of a diffusion LM with {algo}: " \
-                  f"{algorithm.__doc__}"
+                                     bases=(with_engine_options(Args),))
+    what = "Offline preference optimisation" if preference else "Online RL"
+    cls.__doc__ = f"{what} of a diffusion LM with {algo}: {algorithm.__doc__}"
     cls.__module__ = Args.__module__  # so --help finds the fields' comments in this file's source
     return cls
 
@@ -95,7 +105,7 @@ def args_class(algo: str):
 def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> tuple[list[dict], int]:
     """The rows whose prompt fits ``data.max_prompt_length`` tokens, and the longest of them."""
     from dare.data import prompt_rows
-    from dare.engines import encode
+    from dare.data.chat import encode
 
     rows = prompt_rows(path, split, args.data, limit)
     lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
@@ -115,19 +125,21 @@ def data_parallel_size(args: Args, world: int) -> int:
     return world // args.sequence_parallel
 
 
-def batch_shape(args: Args, world: int) -> tuple[int, int]:
+def batch_shape(args: Args, world: int, streams: int) -> tuple[int, int]:
     """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
-    streams)."""
-    world = data_parallel_size(args, world)
+    ``streams``), and a checkpoint cadence that falls between cycles."""
+    world, algo = data_parallel_size(args, world), args.algo_config
     if args.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} data-parallel "
                          "process groups")
     completions = args.prompts_per_step // world * args.num_generations
-    minis = args.algo_config.mini_batches
-    if completions % (args.micro_batch_size * minis):
+    if completions % (args.micro_batch_size * algo.mini_batches):
         raise ValueError(f"{completions} completions per device are not a multiple of micro_batch_size="
-                         f"{args.micro_batch_size} x mini_batches={minis}")
-    return args.prompts_per_step // world, completions // args.micro_batch_size // minis * args.algo_config.streams
+                         f"{args.micro_batch_size} x mini_batches={algo.mini_batches}")
+    if args.save_steps % algo.cycle:
+        raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations x mini_batches "
+                         f"({algo.cycle}): a checkpoint inside a cycle could not resume exactly")
+    return args.prompts_per_step // world, completions // args.micro_batch_size // algo.mini_batches * streams
 
 
 def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # noqa: F821
@@ -147,66 +159,44 @@ def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # no
         dataloader_pin_memory=False, **process_group_args())
 
 
-def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
-    if getattr(type(args.algo_config), "offline", False):
-        return main_offline(args)
-    import torch
-    from transformers import set_seed
-
-    from dare.lora import apply_lora
-    from dare.models.loading import load_config, load_weights, max_positions
+def online(args: Args, config, tokenizer, family) -> partial:
+    """The ``rl`` trainer: prompts, rewards, the rollout's decoding and its engine, checked; TrainingArguments."""
+    from dare.models.loading import max_positions
     from dare.rewards.routing import RewardRouter
-    from dare.trainers import fit
     from dare.trainers.rl import DiffusionRLTrainer
 
-    set_seed(args.seed)
-    config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
-    RewardRouter(args.rewards)
-    args.algo_config.validate(family)
+    algo, engine, positions = args.algo_config, get_engine(args.rollout_engine), max_positions(config)
+    rewards = RewardRouter(args.rewards)
     train, longest = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
     evaluation, longest_eval = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split,
                                              args.data.eval_limit) if args.data.eval_path else (None, 0))
-    sampling = args.algo_config.sampling(args.rollout, family)  # what the rollout must record (and, for some, streams)
-    sampling.check(family, "rollout", longest, max_positions(config))
-    args.algo_config.check_engine(sampling.engine)
-    engine = None
-    if sampling.engine == "sglang":
-        from dare.engines.sglang import SGLangServer
-        engine = SGLangServer(args.model, tokenizer, family, args.sglang)  # its checks run before the weights load
+    rewards.check({r["data_source"] for r in train + (evaluation or [])})
+    sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
+                              positions)
+    algo.check_engine(engine)
     validation = args.validation.over(args.rollout)
     if evaluation is not None:
-        validation.check(family, "validation", longest_eval, max_positions(config))
+        validation = check_decoding(engine, validation, family, "validation", longest_eval, positions)
+    server = engine.server(args.model, tokenizer, family, options=engine_options(args, engine.name),
+                           max_batch_size=args.rollout_batch_size)  # its checks run before the weights load
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
     training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
-        args, training_args.world_size)
-    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
-    trainer = DiffusionRLTrainer(
-        model, training_args, algorithm=args.algo_config, family=family, processing_class=tokenizer,
-        train_rows=train, eval_rows=evaluation, rewards=RewardRouter(args.rewards), sampling=sampling,
-        eval_sampling=validation, num_generations=args.num_generations,
-        rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
-        log_completions=args.log_completions, console=args.console, sequence_parallel=args.sequence_parallel,
-        pack=args.pack, engine=engine)
-    merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
-    return fit(trainer, args.resume, merged)
+        args, training_args.world_size, algo.streams(family, sampling))
+    return partial(DiffusionRLTrainer, args=training_args, algorithm=algo, family=family, processing_class=tokenizer,
+                   train_rows=train, eval_rows=evaluation, rewards=rewards, sampling=sampling,
+                   eval_sampling=validation, num_generations=args.num_generations,
+                   rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
+                   log_completions=args.log_completions, console=args.console,
+                   sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server)
 
 
-def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
-    """Offline preference optimisation on ``args.preference`` pairs (the rollout, reward and RL-data knobs unused)."""
-    import torch
-    from transformers import set_seed
-
+def preference(args: Args, config, tokenizer, family) -> partial:
+    """The ``preference`` trainer: the ``preference`` pairs, checked; TrainingArguments (rollout, reward and RL-data
+    knobs unused)."""
     from dare.data.preference import pair_rows
-    from dare.lora import apply_lora
-    from dare.models.loading import load_config, load_weights
-    from dare.trainers import fit
     from dare.trainers.preference import PreferenceTrainer
 
-    set_seed(args.seed)
     data = args.preference
-    config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
-    args.algo_config.validate(family)
     train = pair_rows(data.path, data.split, data, data.limit, swap=data.swap)
     evaluation = pair_rows(data.eval_path, data.eval_split, data, data.eval_limit) if data.eval_path else None
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
@@ -215,14 +205,31 @@ def main_offline(args: Args) -> "PreferenceTrainer":  # noqa: F821
         raise ValueError(f"micro_batch_size={args.micro_batch_size} must be even (chosen + rejected rows) and "
                          f"prompts_per_step={args.prompts_per_step} pairs a multiple of micro_batch_size / 2 x "
                          f"{world} processes")
-    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
     pairs = args.micro_batch_size // 2
     training_args.per_device_train_batch_size = training_args.per_device_eval_batch_size = pairs
     training_args.gradient_accumulation_steps = args.prompts_per_step // (world * pairs)
-    trainer = PreferenceTrainer(model, training_args, algorithm=args.algo_config, family=family,
-                                processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data,
-                                console=args.console, sequence_parallel=args.sequence_parallel, pack=args.pack)
+    return partial(PreferenceTrainer, args=training_args, algorithm=args.algo_config, family=family,
+                   processing_class=tokenizer, train_pairs=train, eval_pairs=evaluation, data=data,
+                   console=args.console, sequence_parallel=args.sequence_parallel, pack=args.pack)
+
+
+TRAINERS = {"rl": online, "preference": preference}  # the trainer an algorithm names (Algorithm.trainer)
+
+
+def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
+    import torch
+    from transformers import set_seed
+
+    from dare.lora import apply_lora
+    from dare.models.loading import load_config, load_weights
+    from dare.trainers import fit
+
+    set_seed(args.seed)
+    config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
+    args.algo_config.validate(family)
+    build = TRAINERS[args.algo_config.trainer](args, config, tokenizer, family)  # its data, checks and engine
+    model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
+    trainer = build(apply_lora(model, args.lora, args.gradient_checkpointing))
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, args.resume, merged)
 

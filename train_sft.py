@@ -35,22 +35,29 @@ class Args:
     num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
     max_steps: int = -1  # > 0 overrides num_train_epochs
     per_device_train_batch_size: int = 2  # examples per forward/backward on one device
-    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step (global batch = this x batch size x devices)
+    # micro-batches per optimiser step (global batch = this x batch size x devices)
+    gradient_accumulation_steps: int = 1
     group_by_length: bool = False  # batch examples of similar length together (less padding with pad_to=longest)
     bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
-    sequence_parallel: int = 1  # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size = processes / this
+    # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size =
+    # processes / this
+    sequence_parallel: int = 1
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     logging_steps: int = 10  # log metrics every N optimiser steps
     save_steps: int = 500  # write a checkpoint every N optimiser steps
     eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
-    eval_generate: int = 0  # also decode the first N held-out prompts at each evaluation and log their reward and accuracy (16 at a time)
-    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.0))  # decoding of --eval-generate (greedy, 256 tokens)
-    eval_rewards: list[str] = field(default_factory=lambda: ["auto"])  # reward of those answers: auto | NAME[:W] | SOURCE=NAME[:W] (e.g. gsm8k for '#### N' answers)
+    # also decode the first N held-out prompts at each evaluation and log their reward and accuracy (16 at a time)
+    eval_generate: int = 0
+    # decoding of --eval-generate (greedy, 256 tokens; DARE's samplers on the training weights)
+    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.0))
+    # reward of those answers: auto | NAME[:W] | SOURCE=NAME[:W] (e.g. gsm8k for '#### N' answers)
+    eval_rewards: list[str] = field(default_factory=lambda: ["auto"])
     save_total_limit: int = 3  # keep the last K checkpoints
     report_to: str = "none"  # none | tensorboard | wandb
-    console: Literal["compact", "full"] = "compact"  # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
+    # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
+    console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
     resume: bool = False  # continue from the newest complete checkpoint in output_dir
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -70,7 +77,8 @@ def main(args: Args):
 
     set_seed(args.seed)
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
-    if args.sequence_parallel > 1 and (args.data.pad_to != "max_length" or args.data.max_length % args.sequence_parallel):
+    sp = args.sequence_parallel
+    if sp > 1 and (args.data.pad_to != "max_length" or args.data.max_length % sp):
         raise ValueError(f"sequence_parallel={args.sequence_parallel} splits every row: use data.pad_to=max_length "
                          f"with a data.max_length divisible by it (got {args.data.pad_to}, {args.data.max_length})")
     positions = max_positions(config)
@@ -98,7 +106,8 @@ def main(args: Args):
         **checkpointing_args(args.gradient_checkpointing), logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
-        seed=args.seed, remove_unused_columns=False, eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",
+        seed=args.seed, remove_unused_columns=False,
+        eval_strategy="steps" if evaluation is not None and args.eval_steps else "no",
         eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size,
         **process_group_args())
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
@@ -115,7 +124,7 @@ def held_out_generation(args: Args, tokenizer, family, positions: int | None) ->
     """(rows, sampling, rewards) of ``--eval-generate``: the first N held-out prompts as the model was trained on
     them (no answer instruction added), checked before the weights load."""
     from dare.data import RLDataConfig, prompt_rows
-    from dare.engines import encode
+    from dare.data.chat import encode
     from dare.rewards.routing import RewardRouter
 
     d = args.data
@@ -124,9 +133,6 @@ def held_out_generation(args: Args, tokenizer, family, positions: int | None) ->
     rows = prompt_rows(d.eval_path, d.eval_split, RLDataConfig(
         prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt, answer_instruction="none",
         local_dir=d.local_dir), args.eval_generate)
-    if args.eval_sampling.engine != "hf":
-        raise ValueError("eval_sampling.engine: SFT evaluation decodes in-process with the training weights (hf); "
-                         "evaluate a saved checkpoint with evaluate.py --engine sglang instead")
     longest = max(len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows]))
     return rows, args.eval_sampling.check(family, "eval_sampling", longest, positions), RewardRouter(args.eval_rewards)
 

@@ -70,5 +70,6 @@ def in_child(target, *args):
     proc.start()
     proc.join()
     if proc.exitcode:
-        raise SystemExit(f"{getattr(target, '__name__', target)}{args[1:]}: child failed with exit code {proc.exitcode}")
+        name = getattr(target, "__name__", target)
+        raise SystemExit(f"{name}{args[1:]}: child failed with exit code {proc.exitcode}")
     return queue.get()

@@ -6,29 +6,7 @@
     python bench/bench_packing.py --quick                       # a smoke run (tests/test_benches.py)
     python bench/bench_packing.py --rl --family sdar            # RL scoring: padded vs packed rows
 
-Data: the first batch x (warmup + steps) rows of ``--data`` (GSM8K train, keys extra_info.question / extra_info.answer;
-the bench exits with a message if it is absent), tokenized with the family's chat format and truncated on the right
-to ``--max-length``; every mode trains the same micro-batches of ``--batch`` examples in the same order. Modes:
-``pad max_length`` (upstream: each example one row of max_length, EOS tail), ``pad longest`` (one row per example,
-as long as the batch's longest) and ``packed`` (the examples of the micro-batch packed first-fit into rows of
-max_length). The packed loss is the unpacked loss of the same examples without the EOS tail (``dare/data/sft.py``).
-Each step: ``sft_loss`` + backward + AdamW step, in a hand-written loop (``bench_sft.py`` measures the Trainer's
-overhead). tokens/s counts REAL tokens (prompt + response, no padding) over the timed steps' summed time; padding % =
-the share of row slots holding no example; rows = rows per step (mean); scores M = attention score entries per head
-and layer (rows x width^2, millions). sdpa with packed rows' 4-D mask still computes every score of a row, across
-examples too, so where attention dominates (a tiny model, long rows) packing can lose to ``pad longest``; the linear
-layers, the bulk of a real model, scale with the row slots, which packing cuts most. Peak MiB = ``LivePeak`` (live
-tensors, not freed memory) over the first two steps, measured in a child of its own so the profiler slows no timed
-step. Each mode runs in a forked child.
-
-``--rl``: rollouts built from the same rows, ``--batch`` per micro-batch: the question's chat prompt, left-padded to
-the batch's longest, and the reference answer as the completion of a ``--gen-length`` canvas (cut there; EOS after its
-stop token), so prompts vary and completions stop early as real ones do. Each step is one d1 scoring pass
-(``score_tokens`` on the mean-field noise, the completion fully masked) + backward of the token-mean log-likelihood,
-no optimiser. Modes: ``padded`` (the rows as the trainer has them), ``packed`` (``PackedFamily``, rows of the batch's
-width) and ``packed 2x`` (rows twice as wide; a masked-diffusion row attends its whole canvas, so only wider rows
-hold two). Real tokens = the prompt and the completion up to its stop token (masked families: the whole canvas);
-scores M count the ``[x_t ‖ x_0]`` layout's doubled rows.
+How the data, the modes and the columns are made: bench/README.md.
 """
 
 import argparse

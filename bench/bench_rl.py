@@ -46,7 +46,8 @@ def run(args, model, block, variant, data, queue):
         a = train_rl.args_class("d1")(model=model, output_dir=out, max_steps=args.warmup + args.steps,
                                       prompts_per_step=args.prompts, num_generations=args.generations,
                                       micro_batch_size=args.micro_batch, save_steps=10 ** 6, learning_rate=1e-5,
-                                      logging_steps=1, log_completions=0, rollout_batch_size=args.prompts * args.generations)
+                                      logging_steps=1, log_completions=0,
+                                      rollout_batch_size=args.prompts * args.generations)
         a.data.path = data
         a.rollout.gen_length, a.rollout.temperature = args.gen_length, 1.0
         a.rollout.cache = block_cache if block else masked_cache

@@ -9,59 +9,7 @@ diffusion (SDAR, LLaDA2). One run prints both tables.
     python bench/bench_sampling.py --jobs 1 --large-batch 4 --large-masked llada dream   # sequential, bigger
     python bench/bench_sampling.py --large-masked --large-block --model outputs/standin-llada   # + a trained stand-in
 
-Masked diffusion (gen length 256, block 32, 256 steps, temperature 0, low_confidence, the linear schedule = one
-token per step for both families; ``--schedule family`` gives Dream its own) compares plain decoding,
-``cache="prefix"``, ``cache="dual"``, ``threshold`` (parallel decoding; at least one token per step) and the two
-cache + threshold combinations. Block diffusion (same gen length, steps per block = block size) compares the
-block KV cache with re-running the whole window (``cache="none"``), static with dynamic (threshold) unmasking;
-EOS never stops generation (``stop_at_eos=False``) so every row decodes the same number of tokens.
-
-Columns: tokens/s = generated tokens (batch x gen length) / wall seconds (time.perf_counter, min over
-``--repeats``, after one warm-up generation per model); fwd/token = model forward calls (``Generation.nfe``) /
-gen length; model tok/token = canvas positions per row fed to the model, summed over calls, / gen length (prompt,
-padding and prefill included: what a cache saves); speed-up = wall time of the reference row / wall time of the
-row, same model; CPU speed-up = the same ratio of process CPU times (time.process_time), which a process waiting
-for a busy core does not accumulate: a cross-check of the wall-clock ratio on a shared machine; agreement =
-fraction of generated tokens identical to the reference row (masked: plain; block: no cache, static);
-= no-cache twin = the same against the same decoding without a cache (prefix/dual cache vs plain, prefix/dual +
-threshold vs threshold, block cache vs no cache), which isolates what the cache changes; quality (``--model`` rows)
-= how well the answers do their task: for the stand-ins' ``cycle`` task, the share of adjacent words that follow
-the cycle (what parallel decoding can break), else the reward's accuracy.
-
-Trained models (``--model FOLDER``, e.g. ``python train_sft.py --config recipes/standin/llada.yaml`` first): timed as
-saved (no sharpening) on ``--model-batch`` held-out questions of ``--model-task``, beside the random rows. A trained
-model's confidence is what decides how many tokens pass a threshold, so these rows say what the random rows cannot.
-
-What must be exact: the block KV cache (block-causal attention: cached K/V never change) and, on the 1-layer
-masked models (``*-1layer`` rows), the Fast-dLLM caches too: layer-0 K/V depend only on the token and its
-position, and neither the prefix nor the masked suffix changes while a block is decoded. Their twin column reads
-100%, up to float tie-breaks: a random model gives many masked positions confidences equal to ~1e-7, so the
-float rounding of a differently shaped forward can pick another of two tied positions and the trajectories part
-(seen on llada-1layer with the dual cache). On deeper bidirectional models the prefix/dual caches are
-approximations (the cached K/V go stale as the block fills in), and parallel decoding changes the commit order,
-so those rows differ from plain.
-
-Random models and ``--sharpen``. A random model's softmax is almost flat (top-1 probability ~ 1 / vocab), so a
-threshold like 0.9 is never reached and parallel decoding commits exactly one token per step: no speed-up, which
-says nothing about the method. ``--sharpen S`` multiplies the LM-head weights by S so that predictions are
-peaked, imitating a trained model's confident predictions; each model's line prints the resulting mean top-1
-probability at the masked positions of the initial canvas. The logit scale grows with sqrt(hidden), so tiny
-models (hidden 64) get their own factor (``--tiny-sharpen``, default 100 ~ 30 * sqrt(768 / 64)). The tokens a
-random model produces are meaningless: agreement measures how far an approximation moves the trajectory, not
-output quality, and how many tokens per step pass the threshold depends on S and on the random weights, not on
-anything a trained model would do. Read fwd/token together with tokens/s; the speed-up of a threshold row is
-roughly (1 / fwd/token) times the per-forward saving of its cache.
-
-CPU use. Every (model, method) pair is one job; ``--jobs`` worker processes (default 2, one per core) take them
-longest first, each with ``--threads`` torch threads (default 1: with two threads per process on a two-core
-machine any other busy process makes OpenMP barriers spin and forward times jump 3-6x at random). A model is
-built and warmed up once per worker. Rows of one model may therefore be timed in different processes while the
-other core runs another job: ratios are comparable as long as both cores stay busy, which they do for all but
-the last few seconds; ``--jobs 1`` times everything sequentially in one process. The load average printed before
-and after shows whether something else competed for the cores. The large models decode one prompt
-(``--large-batch 1``) with one timed run: the default invocation should need 4-5 minutes on two free cores (about
-8 minutes of single-core work, half of it the large LLaDA); it took 8.5-9.5 minutes with another
-process keeping one core busy. Tiny models decode 4 chat prompts, left padded.
+How each row is made and read: bench/README.md.
 """
 
 import argparse
@@ -75,7 +23,7 @@ import time
 import torch
 
 from dare.data.tasks import WORDS, make_task
-from dare.engines.hf import decode_completions
+from dare.engines.base import decode_completions
 from dare.models import Family, load_pretrained, tiny
 from dare.models.loading import load_config
 from dare.rewards import get_reward, score_for_source

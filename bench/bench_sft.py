@@ -6,16 +6,7 @@ step + zero_grad), per tiny family. Target: overhead < 10 %.
     python bench/bench_sft.py --families sdar llada2 --hidden 256 --steps 50
     python bench/bench_sft.py --logging-steps 1 --num-workers 2     # how Trainer settings move the overhead
 
-The dataset is synthetic and in memory: random token ids, prompt 12-20 tokens, response 44-52 tokens (ending in
-the turn terminator, if the family has one, and EOS), right-padded by ``SFTCollator`` to ``--max-length`` (pad_to=max_length), so every
-batch has the same shape. Step time = the interval between consecutive step ends (data loading, forward, backward,
-clipping, optimizer and, for the Trainer, its callbacks/logging/accelerate hooks), median over the timed steps that
-follow ``--warmup`` untimed ones. tokens/s counts ALL tokens of the padded batch (batch x max_length; the block
-families' model input is twice that, [x_t || x_0]). overhead % = trainer median step / loop median step - 1.
-Each configuration (family x {trainer, loop}) runs in a forked child. Peak MiB = the most memory held by live
-tensors (``LivePeak`` in ``bench/_common.py``: the CPU profiler's allocator events, ``torch.cuda.max_memory_allocated``
-on a GPU) over the first two steps (AdamW's state is created in the first), measured in a child of its own so the
-profiler slows no timed step; memory freed to the allocator cannot count.
+How steps are timed and memory measured: bench/README.md.
 """
 
 import argparse

@@ -1,16 +1,16 @@
 """The hf and sglang engines on the same prompts: tokens/s, identical greedy tokens, and RL steps with weight sync.
 
     python bench/bench_sglang.py                       # a GPU, in SGLang's environment (README "SGLang"): ~1B models
-    python bench/bench_sglang.py --size tiny --prompts 4 --gen-length 16 --rl-steps 2 --rl-prompts 2   # smoke run (CPU too)
+    python bench/bench_sglang.py --size tiny --prompts 4 --gen-length 16 --rl-steps 2 --rl-prompts 2  # smoke (CPU)
 
 For each of SDAR and LLaDA2 (MoE) a random checkpoint is built locally (no download; the official vocabularies, since
 SGLang fixes each architecture's mask id; ``--size 1b``: SDAR ~1.4B parameters, LLaDA2 ~1.2B with 32 experts; bf16
 on a GPU) and the same ``--prompts`` chat prompts are decoded greedily to ``--gen-length`` tokens by the hf engine
 (DARE's block sampler on the in-process model, micro-batches of ``--batch``) and by the sglang engine (DareBlock in
 SGLang's scheduler): tokens/s over the decoding alone, and the share of completion tokens that are identical (bf16
-kernels differ, so a few flips are expected; fp32 on CPU gives 100%). Then ``train_rl.py --algo d1 --rollout.engine
+kernels differ, so a few flips are expected; fp32 on CPU gives 100%). Then ``train_rl.py --algo d1 --rollout-engine
 sglang`` runs ``--rl-steps`` steps on the SDAR checkpoint: step time, rollout time and the weight push into the engine
-(``time/weight_sync``), against the same run on ``--rollout.engine hf``.
+(``time/weight_sync``), against the same run on ``--rollout-engine hf``.
 """
 
 import argparse
@@ -73,7 +73,7 @@ def compare(family: str, path: str, args) -> dict:
     from dare.models import load_pretrained
     from dare.sampling import SamplingConfig
 
-    config = SamplingConfig(gen_length=args.gen_length, temperature=0.0, engine="sglang")
+    config = SamplingConfig(gen_length=args.gen_length, temperature=0.0)
     asked = prompts(args.prompts)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok, fam = load_pretrained(path, dtype="auto")
@@ -87,7 +87,7 @@ def compare(family: str, path: str, args) -> dict:
         engine.generate(asked[:1], 1, config, seed=0)
         theirs = engine.generate(asked, 1, config, seed=0)
     finally:
-        engine.shutdown()
+        engine.close()
     both = ours.completion_mask.bool() & theirs.completion_mask.bool()
     same = float((ours.completion_ids == theirs.completion_ids)[both].float().mean()) if both.any() else 0.0
     return {"family": family, "hf tok/s": ours.tokens_per_second, "sglang tok/s": theirs.tokens_per_second,
@@ -99,7 +99,7 @@ def rl_steps(path: str, engine: str, args) -> dict:
     command = [sys.executable, "train_rl.py", "--algo", "d1", "--model", path, "--data.path", "task:addition",
                "--data.limit", "256", "--max-steps", str(args.rl_steps), "--prompts-per-step", str(args.rl_prompts),
                "--num-generations", "4", "--micro-batch-size", "8", "--rollout.gen-length", str(args.gen_length),
-               "--rollout.temperature", "1.0", "--rollout.engine", engine, "--save-steps", str(args.rl_steps),
+               "--rollout.temperature", "1.0", "--rollout-engine", engine, "--save-steps", str(args.rl_steps),
                "--output-dir", str(out)]
     if torch.cuda.is_available():
         command += ["--bf16"]
@@ -109,14 +109,14 @@ def rl_steps(path: str, engine: str, args) -> dict:
         raise SystemExit(f"{' '.join(command)}\n{result.stderr[-4000:]}")
     logs = [h for h in json.loads((out / f"checkpoint-{args.rl_steps}" / "trainer_state.json").read_text())
             ["log_history"] if "loss" in h][1:]  # the first step includes the engine's start
-    mean = lambda key: sum(h.get(key, 0.0) for h in logs) / max(len(logs), 1)  # noqa: E731
+    mean = lambda key: sum(h.get(key, 0.0) for h in logs) / max(len(logs), 1)
     return {"engine": engine, "wall s": time.perf_counter() - start, "rollout s/step": mean("time/rollout"),
             "weight sync s/step": mean("time/weight_sync"), "rollout tok/s": mean("rollout/tokens_per_s")}
 
 
 def table(rows: list[dict]) -> str:
     keys = list(rows[0])
-    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
     return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
                      ["| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows])
 

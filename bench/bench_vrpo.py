@@ -6,21 +6,7 @@ on the held-out questions before / after, seconds per optimiser step and model f
     python bench/bench_vrpo.py --memory                         # peak memory of one step vs K, streamed or not
     python bench/bench_vrpo.py --memory --unstreamed-max-k 4    # the one-graph rows only where they fit
 
-``--memory``: one VRPO step (policy + reference ELBOs, loss, backward) of 4 pairs of 256-token responses on a
-~35M-parameter LLaDA and SDAR, K = 2, 4, 8, 16, with the draws streamed (each recomputed in backward) or in one
-graph. Columns: activations kept for backward after the forward (bytes autograd saved, read with saved-tensor
-hooks), the live-tensor peak of the step (``LivePeak``: the profiler's allocator events, measured on a second,
-untimed run of the same step; memory freed cannot count), the child process's resident-memory high-water mark
-(VmHWM) above its level before the step, and seconds per step. The resident peak also counts memory glibc keeps
-after a free; with ``MALLOC_MMAP_THRESHOLD_=131072`` (large blocks returned to the system at once) it follows the
-live peak.
-
-Setup: the tiny model is SFT'd on generated single-digit sums, then trained with
-``train_rl.py --algo vrpo`` on ``task:addition`` pairs (chosen: the right sum, rejected: another number in 0..99;
-held-out pairs ask questions never trained on): ``--steps`` optimiser steps of 16 pairs, lr ``--lr``. Margin =
-(B_theta - B_ref)(chosen) - (B_theta - B_ref)(rejected) on the held-out pairs (fixed masks; exactly 0 before);
-ELBO gap = B_theta(chosen) - B_theta(rejected), both in nats (the ELBO / R variant's multiplied back by R = 512).
-Each run is a forked child.
+What each column measures: bench/README.md.
 """
 
 import argparse
@@ -71,7 +57,8 @@ def answer_accuracy(model_path) -> float:
     texts = HFEngine(model.eval(), tokenizer, family, 256).generate([p["prompt"] for p in pairs], 1,
                                                                     SamplingConfig(gen_length=12), seed=0).texts
     boxed = [re.findall(r"\\boxed\{([^}]*)\}", t) for t in [*texts, *(p["chosen"] for p in pairs)]]
-    return sum(bool(a) and a[-1] == b[-1] for a, b in zip(boxed[:len(pairs)], boxed[len(pairs):], strict=True)) / len(pairs)
+    found, chosen = boxed[:len(pairs)], boxed[len(pairs):]
+    return sum(bool(a) and a[-1] == b[-1] for a, b in zip(found, chosen, strict=True)) / len(pairs)
 
 
 def baseline(model, queue):

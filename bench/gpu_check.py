@@ -1,4 +1,4 @@
-"""The GPU check, one command (about 5 minutes on one H200): for a random ~1B-parameter model of every family, built
+r"""The GPU check, one command (about 5 minutes on one H200): for a random ~1B-parameter model of every family, built
 here (no download), one table of bf16 numerics, decoding speed, and SFT / RL step time and peak memory.
 
     # here, once (the GPU machine has torch and peft but an older transformers, and no network):
@@ -9,19 +9,7 @@ here (no download), one table of bf16 numerics, decoding speed, and SFT / RL ste
     python3 bench/gpu_check.py                   # the table, on cuda
     python bench/gpu_check.py --dry-run          # tiny models on CPU in seconds: what the test suite runs
 
-Rows, per family (bf16 weights and compute unless the row says fp32):
-* ``numerics``: bf16 against fp32 logits on the same weights and 2 x 256 random tokens: max |difference| / std of
-  the fp32 logits, and the fraction of positions whose argmax agrees.
-* ``decode <variant> @ <length>``: tokens/s of 8 prompts x the length, forward calls per token; masked families
-  plain (one token a step) vs dual cache + threshold 0.9, block families no cache vs block cache + threshold 0.9. The
-  LM head is sharpened x8 so that a random model's confidences reach the threshold as a trained model's do.
-* ``sft [lora] [ckpt]``: seconds per optimiser step (AdamW) on 4 x 1024 tokens and peak GPU memory, full or LoRA
-  (r 64 on every linear layer), with or without gradient checkpointing, against the estimate weights + gradients +
-  AdamW states (16 bytes per trained parameter in fp32 master form is the README's rule; bf16 here: 2 + 2 + 4 + 2).
-* ``rl d1``: one d1 step of 8 prompts x 4 completions of 256 tokens: rollout seconds (fastest variant) and the
-  loss + backward seconds, peak memory.
-Peak memory is ``torch.cuda.max_memory_allocated`` after a reset (live tensors only: freed cache cannot count); on
-CPU (dry run) it is not measured.
+What each row measures: bench/README.md.
 """
 
 import argparse
@@ -76,7 +64,7 @@ class Bench:
 
     def add(self, family, row, value, unit, peak=None, estimate=None):
         self.rows.append((family, row, value, unit, peak, estimate))
-        fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+        fmt = lambda v: "—" if v is None else f"{v:.2f}"
         print(f"| {family} | {row} | {value:.4g} {unit} | {fmt(peak)} | {fmt(estimate)} |", flush=True)
 
 
@@ -156,8 +144,9 @@ def rl_step(b: Bench, family: str):
     engine = HFEngine(model, tok, fam)
     fast = dict(cache="block", threshold=0.9) if fam.is_block_diffusion else dict(cache="dual", threshold=0.9,
                                                                                    block_length=32)
-    config = algo.sampling(SamplingConfig(gen_length=16 if b.dry else 256, temperature=1.0, stop_at_eos=False,
-                                          **({} if b.dry and not fam.is_block_diffusion else fast)), fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=16 if b.dry else 256, temperature=1.0,
+                                                       stop_at_eos=False,
+                                                       **({} if b.dry and not fam.is_block_diffusion else fast)))
     prompts = ["What is 12 + 30? Answer with the number."] * 8
     b.reset_peak()
     b.sync()
@@ -166,11 +155,11 @@ def rl_step(b: Bench, family: str):
     b.sync()
     b.add(family, "rl d1: rollout s (8 x 4 completions)", time.perf_counter() - start, "s")
     rewards = torch.rand(len(rollout.texts), generator=torch.Generator().manual_seed(3)).to(b.device)
-    batch = algo.make_batch(fam, rollout, rewards, 4, None, 0)
-    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator(b.device).manual_seed(4))]
+    batch = algo.make_batch(fam, rollout, rewards, 4, None, 0, config)
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator(b.device).manual_seed(4), config)]
     model.train()
     start = time.perf_counter()
-    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(fam, batch, config), config)
     loss.backward()
     b.sync()
     b.add(family, "rl d1: loss + backward s", time.perf_counter() - start, "s", b.peak_gib())

@@ -84,7 +84,8 @@ def _apply(instance, values: dict, source: str, prefix: str = ""):
         current = getattr(instance, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ValueError(f"{source}: {prefix + key!r} is a section: give it a mapping of its keys, got {value!r}")
+                raise ValueError(f"{source}: {prefix + key!r} is a section: give it a mapping of its keys, got "
+                                 f"{value!r}")
             _apply(current, value, source, f"{prefix}{key}.")
         else:
             setattr(instance, key, convert(value, hints.get(key, typing.Any), f"{source}: {prefix + key}"))

@@ -1,12 +1,11 @@
 """Launched by tests/test_scale_out.py on 2 CPU processes under DDP, FSDP2, ZeRO-2 or ZeRO-3 (whatever the launch
 configures): sharded training equals 1-process training on the same global batch, for every family, in fp32.
 
-For each family: 3 SGD steps of the SFT loss, then 3 of d1's and of ESPO's RL loss (fixed rollout rows and
-advantages; ESPO streams its 2 MC draws). The noise (t, masks) is drawn once for the global batch and sliced, as the 1-process run draws it; rank
-0 first trains a private copy on the whole batch (the 1-process run), then both ranks train their halves through
-``accelerator.prepare``. SGD, so a wrong gradient scale cannot hide behind Adam's sign-like first step. Prints the
-shard evidence (a parameter's type and local shape) and ``shard_check OK`` per case.
-"""
+For each family: 3 SGD steps of the SFT loss, then 3 of d1's and of ESPO's RL loss (fixed rollout rows and advantages;
+ESPO streams its 2 MC draws). The noise (t, masks) is drawn once for the global batch and sliced, as the 1-process run
+draws it; rank 0 first trains a private copy on the whole batch (the 1-process run), then both ranks train their halves
+through ``accelerator.prepare``. SGD, so a wrong gradient scale cannot hide behind Adam's sign-like first step. Prints
+the shard evidence (a parameter's type and local shape) and ``shard_check OK`` per case."""
 
 import copy
 import os
@@ -20,11 +19,13 @@ from dare.config import leave_together
 from dare.diffusion import corrupt, recipe_for, sample_t
 from dare.models import Family, tiny
 from dare.objectives import sft_loss, sft_units
+from dare.sampling import SamplingConfig
 from dare.trainers.distributed import env_flag, process_group_args, restore_fsdp
 
 STEPS, ROWS, LR, TOLERANCE = 3, 4, 0.5, 1e-5
 FAMILIES = ("llada", "dream", "sdar", "llada2")
 
+SAMPLING = SamplingConfig(gen_length=8)  # the rollout decoding the algorithms plan for (8-token completions)
 
 def rows_of(value, part: slice):
     """This rank's rows of a batch (every tensor is row-first, as the RL trainer splits them; scalars stay)."""
@@ -64,8 +65,8 @@ def rl_batches(algorithm, family, vocab):
                  "prompt_mask": torch.ones(ROWS, 6, dtype=torch.long), "completion_ids": completion,
                  "completion_mask": torch.ones_like(completion), "loss_mask": torch.ones_like(completion),
                  "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}
-        batch["noise"] = [algorithm.corrupt(family, batch, g)]
-        batch["normaliser"] = algorithm.normaliser(batch).float()
+        batch["noise"] = [algorithm.corrupt(family, batch, g, SAMPLING)]
+        batch["normaliser"] = algorithm.normaliser(family, batch, SAMPLING).float()
         out.append(batch)
     return out
 
@@ -73,8 +74,8 @@ def rl_batches(algorithm, family, vocab):
 def rl_step(algorithm):
     def step(model, family, batch, world):
         # as the RL trainer does: the whole batch's normaliser, divided by the processes (DDP averages gradients)
-        return sum(algorithm.step_loss(model, family, batch, 0, stream, batch["normaliser"] / world)[0]
-                   for stream in range(algorithm.streams))
+        return sum(algorithm.step_loss(model, family, batch, 0, stream, batch["normaliser"] / world, SAMPLING)[0]
+                   for stream in range(algorithm.streams(family, SAMPLING)))
     return step
 
 
@@ -125,7 +126,8 @@ def launched() -> Accelerator:
     """A fresh Accelerator for each model (accelerate keeps one DeepSpeed engine / FSDP wrap policy per instance)."""
     accelerator = Accelerator()
     restore_fsdp(accelerator)
-    if getattr(accelerator.state, "fsdp_plugin", None) is not None:  # resolve the layers to wrap from each model (each family's own)
+    # resolve the layers to wrap from each model (each family's own)
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
         accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = None
     if accelerator.state.deepspeed_plugin is not None:  # no Trainer here to fill DeepSpeed's "auto" batch values
         accelerator.state.deepspeed_plugin.deepspeed_config.update(

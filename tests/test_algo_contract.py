@@ -4,6 +4,8 @@ reason; the first inner iteration is on-policy (old, reference and current polic
 KL 0); its loss does not depend on the micro-batch split (nor on streaming); empty and all-EOS completions give
 finite losses and gradients."""
 
+import random
+
 import pytest
 import torch
 from test_train_rl import data, history, rl_args, weights  # noqa: F401  (fixture + helpers)
@@ -18,7 +20,7 @@ from dare.sampling import SamplingConfig
 FAMILIES = ("llada", "dream", "sdar", "llada2")
 FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {},
         "d-treerpo": {"num_iterations": 1, "branch": 2}, "mdpo": {"train_steps": 3}}
-ONLINE = [a for a in known() if not getattr(get_algorithm(a), "offline", False)]  # offline: tests/test_vrpo.py
+ONLINE = [a for a in known() if get_algorithm(a).trainer == "rl"]  # the preference trainer: tests/test_vrpo.py
 
 
 def knobs(algo, **extra):
@@ -90,7 +92,7 @@ def test_empty_and_all_eos_completions_are_finite(algo, family_name):
              "completion_mask": completion_mask, "loss_mask": loss_mask,
              "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)}
     algorithm = get_algorithm(algo)(**FAST.get(algo, {})).validate(fam)
-    config = algorithm.sampling(SamplingConfig(gen_length=8), fam)
+    config = algorithm.rollout_sampling(fam, SamplingConfig(gen_length=8))
     if type(algorithm).make_batch is not Algorithm.make_batch:  # rows built from rollout records: roll out all-EOS
         add = torch.zeros(fam.vocab_size, dtype=torch.float64)
         add[fam.eos_id] = 50.0
@@ -98,13 +100,56 @@ def test_empty_and_all_eos_completions_are_finite(algo, family_name):
         rollout = algorithm.rollout(HFEngine(model, tok, fam), ["a", "b c"], 2, config, 0)
         assert (rollout.completion_ids == fam.eos_id).all() or (rollout.completion_ids[:, 0] == fam.eos_id).all()
         batch = algorithm.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2,
-                                     lambda ids, rows: torch.zeros(len(ids)), 0)
-    batch["noise"] = [algorithm.corrupt(fam, batch, g)]
+                                     lambda ids, rows: torch.zeros(len(ids)), 0, config)
+    batch["noise"] = [algorithm.corrupt(fam, batch, g, config)]
     if algorithm.beta:
         with torch.no_grad():
-            batch["ref"] = [algorithm.score(model, fam, batch, batch["noise"][0]).logp]
-    for stream in range(algorithm.streams):
-        loss, _ = algorithm.step_loss(model, fam, batch, 0, stream, algorithm.normaliser(batch))
+            batch["ref"] = [algorithm.score(model, fam, batch, batch["noise"][0], config).logp]
+    for stream in range(algorithm.streams(fam, config)):
+        loss, _ = algorithm.step_loss(model, fam, batch, 0, stream, algorithm.normaliser(fam, batch, config), config)
         loss.backward()
         assert torch.isfinite(loss), (algo, stream)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("family_name", ["llada", "sdar"])
+@pytest.mark.parametrize("algo", ONLINE)
+def test_hooks_depend_only_on_their_arguments(algo, family_name):
+    """Every hook called on a fresh instance, the planning hooks in a shuffled order, gives exactly the rollout,
+    batch, noise and losses of one instance used in the trainer's order: no hook keeps state for another."""
+    if not supported(algo, family_name):
+        pytest.skip(f"{algo} does not apply to {family_name}")
+    model, tok = tiny(family_name)
+    fam = Family.from_pretrained(model.config, tok)
+    engine = HFEngine(model, tok, fam)
+    kw = {**FAST.get(algo, {}), **({"beta": 0.1} if algo != "spg" else {})}
+    asked = SamplingConfig(gen_length=8, temperature=1.0, block_length=4 if fam.block_size is None else None)
+
+    def step(instance, order):
+        plan = {"sampling": lambda: instance().rollout_sampling(fam, asked)}
+        for hook in order:  # the planning hooks, each on what the others return
+            if hook == "streams":
+                plan[hook] = instance().streams(fam, plan["sampling"]())
+            elif hook == "estimator":
+                plan[hook] = type(instance().estimator(fam, plan["sampling"]()))
+        sampling = plan["sampling"]()
+        rollout = instance().rollout(engine, ["a b", "c"], 2, sampling, 0)
+        rewards = torch.tensor([float(len(t) % 3) for t in rollout.texts])
+        batch = instance().make_batch(fam, rollout, rewards, 2, lambda ids, rows: (ids % 3 == 0).double().mean(-1),
+                                      0, sampling)
+        batch["noise"] = [instance().corrupt(fam, batch, torch.Generator().manual_seed(5), sampling)]
+        with torch.no_grad():
+            logp = instance().score(model, fam, batch, batch["noise"][0], sampling).logp
+        batch["old"], batch["ref"] = [logp + 0.01], [logp - 0.02]
+        normaliser = instance().normaliser(fam, batch, sampling)
+        losses = [instance().step_loss(model, fam, batch, 0, s, normaliser, sampling)[0].detach()
+                  for s in range(instance().streams(fam, sampling))]
+        return plan["streams"], plan["estimator"], rollout.completion_ids, losses
+
+    one = get_algorithm(algo)(**kw)
+    expected = step(lambda: one, ["streams", "estimator"])
+    order = ["estimator", "streams"]
+    random.Random(algo).shuffle(order)
+    got = step(lambda: get_algorithm(algo)(**kw), order)
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+    assert len(got[3]) == expected[0] and all(torch.equal(a, b) for a, b in zip(got[3], expected[3], strict=True))

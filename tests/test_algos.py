@@ -60,12 +60,12 @@ def test_bgpo_on_policy_value_and_gradient_equal_the_sequence_objective():
     gradient of -A exp(mean_j Delta_j)."""
     model, fam, batch = setup()
     batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
-    algo = get_algorithm("bgpo")(samples=4, stream=False).validate(fam)
-    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0))]
-    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    algo, config = get_algorithm("bgpo")(samples=4, stream=False).validate(fam), SamplingConfig()
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(fam, batch, config), config)
     params = [p for p in model.parameters()]
     grads = torch.autograd.grad(loss, params)
-    value = algo.score(model, fam, batch, batch["noise"][0]).logp
+    value = algo.score(model, fam, batch, batch["noise"][0], config).logp
     tokens = batch["loss_mask"].sum(-1).double()
     target = -(batch["advantages"] * torch.exp((value - value.detach()).mean(-1)) * tokens).sum() / tokens.sum()
     assert torch.allclose(loss.detach(), -(batch["advantages"] * tokens).sum() / tokens.sum())
@@ -119,15 +119,16 @@ def test_spg_block_random_mask_region():
 def test_spg_gradient_is_reinforce_on_the_bound():
     model, fam, batch = setup()
     batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
-    algo = get_algorithm("spg")().validate(fam)
-    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0))]
-    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(batch))
+    algo, config = get_algorithm("spg")().validate(fam), SamplingConfig()
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(fam, batch, config), config)
     params = list(model.parameters())
-    bounds = algo.score(model, fam, batch, batch["noise"][0]).logp
+    bounds = algo.score(model, fam, batch, batch["noise"][0], config).logp
     adv, tokens = batch["advantages"], batch["loss_mask"].sum(-1).double()
     est = torch.where(adv > 0, bounds[:, 0], bounds[:, 1])
     expected = torch.autograd.grad(-(adv * tokens * est).sum() / tokens.sum(), params, retain_graph=True)
-    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(torch.autograd.grad(loss, params), expected, strict=True))
+    got = torch.autograd.grad(loss, params)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(got, expected, strict=True))
 
 
 # ------------------------------------------------------------------------------------------------------ ebpo
@@ -158,8 +159,7 @@ def test_ebpo_masked_families_score_each_semi_ar_block_from_its_sampler_state(fa
     per block; the value is the sum of the blocks' terms."""
     model, fam, batch = setup(family_name, rows=2, length=8)
     algo = get_algorithm("ebpo")(samples=2)
-    algo.sampling(SamplingConfig(gen_length=8, block_length=4), fam)
-    est = algo.estimator()
+    est = algo.estimator(fam, algo.rollout_sampling(fam, SamplingConfig(gen_length=8, block_length=4)))
     noise = est.corrupt(fam, batch, torch.Generator().manual_seed(0))
     first, second = torch.arange(8) < 4, torch.arange(8) >= 4
     assert ((noise["masks"] & first).sum(-1) >= 1).all() and ((noise["masks"] & second).sum(-1) >= 1).all()
@@ -266,7 +266,7 @@ def test_justgrpo_sampler_is_the_learner(family_name):
     argmax of the learner's distribution at that position."""
     model, fam, batch = setup(family_name, rows=2, length=8)
     algo = get_algorithm("justgrpo")()
-    config = algo.sampling(SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"), fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, temperature=0.0, threshold=0.9, cache="dual"))
     out = generate(model, fam, batch["prompt_ids"], batch["prompt_mask"], config)
     assert (out.step_map.diff(dim=-1) > 0).all()  # one token per step, left to right (block families leave the
     batch["completion_ids"] = out.sequences       # unused step slots of a block the prompt partly fills)

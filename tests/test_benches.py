@@ -67,7 +67,8 @@ def test_sequence_parallel_bench_halves_the_activations():
     """bench/bench_sequence_parallel.py runs (SP=1 in one process, SP=2 on two gloo ranks) and SP=2 holds less than
     SP=1 per process at a sequence where activations dominate the weights."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sequence_parallel.py"), "--lengths", "512"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| 512 |"))
     print(row)

@@ -139,8 +139,8 @@ print("\\n%.2f" % (time.perf_counter() - start), sorted(m for m in HEAVY if m in
 """
 
 
-@pytest.mark.parametrize("argv", [["train_sft.py"], ["train_rl.py", "--algo", "cj-grpo"], ["train_rl.py", "--algo", "vrpo"],
-                                  ["evaluate.py"]], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize("argv", [["train_sft.py"], ["train_rl.py", "--algo", "cj-grpo"],
+                                  ["train_rl.py", "--algo", "vrpo"], ["evaluate.py"]], ids=lambda a: " ".join(a))
 def test_help_answers_without_loading_the_training_stack(argv):
     """--help imports only what the flags need (torch, the config dataclasses): transformers, datasets and peft
     alone take 4-8 s to import, the help itself about 1.3 s on 2 free cores."""

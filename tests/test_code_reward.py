@@ -39,7 +39,8 @@ def test_humaneval_completion_styles(problems):
     """As models write them: only the body, the function without the prompt's imports, a helper defined before
     the entry point (the reference ran the completion alone and checked its first def: all of these failed)."""
     some = [problems[i] for i in (0, 1, 10, 32, 38, 50, 64, 100, 163)]  # imports, helpers first, FIX = ... prompts
-    rows = [r for r in load_benchmark("humaneval") if r["extra_info"]["entry_point"] in {p["entry_point"] for p in some}]
+    entries = {p["entry_point"] for p in some}
+    rows = [r for r in load_benchmark("humaneval") if r["extra_info"]["entry_point"] in entries]
     body = [f"```python\n{p['canonical_solution']}```" for p in some]
     no_imports = [f"```python\n{re.sub(r'(?m)^(from|import) .*$', '', p['prompt'])}{p['canonical_solution']}```"
                   for p in some]
@@ -103,7 +104,8 @@ def test_real_mbpp_row_format():
     import pandas as pd
     row = pd.read_parquet(path).iloc[0]
     asserts = json.loads(row["reward_model"]["ground_truth"])
-    solution = "def remove_Occ(s, ch):\n    first = s.find(ch)\n    if first >= 0:\n        s = s[:first] + s[first + 1:]\n" \
+    solution = "def remove_Occ(s, ch):\n    first = s.find(ch)\n    if first >= 0:\n" \
+               "        s = s[:first] + s[first + 1:]\n" \
                "    last = s.rfind(ch)\n    if last >= 0:\n        s = s[:last] + s[last + 1:]\n    return s\n"
     assert "remove_Occ" in asserts[0]
     assert code(f"[BEGIN]\n{solution}[DONE]", row["reward_model"]["ground_truth"]).score == 1.0

@@ -135,8 +135,8 @@ def test_public_datasets_read_alike_from_the_hub_and_from_the_local_copy(monkeyp
     sft_copy = load_rows("openai/gsm8k:main", "train", str(SHARED / "data" / "sft")).select(range(6))
     math_copy = load_rows("HuggingFaceH4/MATH-500", "test", str(SHARED / "data" / "rl")).select(range(6))
     hub_serving(monkeypatch, {  # the hub's own columns: GSM8K's answer ends "#### 72", MATH-500 has answer + solution
-        ("openai/gsm8k", "main", "train"): [{"question": r["extra_info"]["question"], "answer": r["extra_info"]["answer"]}
-                                            for r in sft_copy],
+        ("openai/gsm8k", "main", "train"): [{"question": r["extra_info"]["question"],
+                                             "answer": r["extra_info"]["answer"]} for r in sft_copy],
         ("HuggingFaceH4/MATH-500", None, "test"): [{"problem": r["prompt"][0]["content"], "solution": "...",
                                                    "answer": r["reward_model"]["ground_truth"]} for r in math_copy]})
     hub = load_rows("openai/gsm8k:main", "train")
@@ -153,11 +153,12 @@ def test_public_datasets_read_alike_from_the_hub_and_from_the_local_copy(monkeyp
 def test_public_dataset_errors_name_the_flag(monkeypatch, tmp_path):
     hub_serving(monkeypatch, {})
     with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main \(split train\) could not be loaded "
-                                      r"\(ConnectionError: .*\); with a local copy \(gsm8k_1.parquet/gsm8k_train.parquet\) "
-                                      r"give its folder as --data.local-dir"):
+                                      r"\(ConnectionError: .*\); with a local copy "
+                                      r"\(gsm8k_1.parquet/gsm8k_train.parquet\) give its folder as --data.local-dir"):
         load_rows("openai/gsm8k:main", "train")
     with pytest.raises(FileNotFoundError, match=r"openai/gsm8k:main, split 'test': no local copy in .* \(looked for "
-                                                r".*/test/gsm8k_1.parquet, .*/gsm8k_1.parquet, .*/test/gsm8k_test.parquet"):
+                                                r".*/test/gsm8k_1.parquet, .*/gsm8k_1.parquet, "
+                                                r".*/test/gsm8k_test.parquet"):
         load_rows("openai/gsm8k:main", "test", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no public hub copy of the reference's sudoku-n20000_1.parquet"):
         load_rows("sudoku", "train")

@@ -212,7 +212,8 @@ def test_comparison_plot_is_readable(tmp_path):
 def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="Unknown benchmark 'nope'; known: .*gsm8k.*task:addition"):
         benchmarks.load_benchmark("nope")
-    with pytest.raises(FileNotFoundError, match=r"benchmark countdown: countdown_1.parquet, split 'test': no local copy in .*countdown_1.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"benchmark countdown: countdown_1.parquet, split 'test': no local "
+                                                r"copy in .*countdown_1.parquet"):
         benchmarks.load_benchmark("countdown", data_dir=str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     result = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path), "--bench", "task:addition"],

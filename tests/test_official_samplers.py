@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import BLOCK_FAMILIES
 
-from dare.engines.hf import decode_completions
+from dare.engines.base import decode_completions
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig, generate
 

@@ -62,12 +62,12 @@ def test_dare_compass_model_methods():
 
 
 def test_dare_compass_model_refuses_what_sglang_cannot_serve():
-    """``sampling=dict(engine="sglang")``: a masked family, or a tiny: model (not a checkpoint), fails at once."""
+    """``engine="sglang"``: a masked family, or a tiny: model (not a checkpoint), fails at once."""
     from dare.eval.opencompass import DARECompassModel
     with pytest.raises(ValueError, match="block-diffusion models only"):
-        DARECompassModel(path="tiny:llada", sampling=dict(engine="sglang"))
+        DARECompassModel(path="tiny:llada", engine="sglang")
     with pytest.raises(ValueError, match="serves a checkpoint"):
-        DARECompassModel(path="tiny:sdar", sampling=dict(engine="sglang"))
+        DARECompassModel(path="tiny:sdar", engine="sglang")
 
 
 def test_example_config_loads():

@@ -18,6 +18,7 @@ from dare.likelihood import Autoregressive, MCElbo, rollout_attention, whole_blo
 from dare.models import Family, masks
 from dare.objectives import sft_loss, sft_noise, sft_units, unpacked_index
 from dare.packing import PackedFamily
+from dare.sampling import SamplingConfig
 
 MAX = 80  # example 1 (36 tokens) starts at 17 in row 0: it crosses a 32-block of the row, not of its own
 PROMPTS, RESPONSES = (3, 6, 2, 5, 4), (14, 30, 5, 20, 7)
@@ -243,8 +244,9 @@ class WithoutSegments:
 @pytest.mark.parametrize("name", SCORED)
 def test_packed_scoring_logits_equal_unpacked(models, name):
     """At every attended position of the rows, in each layout and ``keep`` form the estimators use, the logits of rows
-    packed two or three to a row (twice the batch's width) are the unpacked ones (positions not attended: zeros; Dream: a row's first attended token, a prompt token, reads
-    itself, not the padding before it); without segment ids they are not."""
+    packed two or three to a row (twice the batch's width) are the unpacked ones (positions not attended: zeros; Dream:
+    a row's first attended token, a prompt token, reads itself, not the padding before it); without segment ids they are
+    not."""
     model, fam = models[name]
     batch = rollout(fam)
     p, r = batch["prompt_ids"].shape[1], batch["completion_ids"].shape[1]
@@ -290,17 +292,18 @@ def test_packed_estimates_and_losses_equal_unpacked(models, name):
             a, b = est.score(model, fam, batch, noise, **kw), est.score(model, packed_fam, batch, noise, **kw)
             assert (a.logp - b.logp)[read].abs().max() < TOL, type(est).__name__
     for algo_name in ("d1", "coupled-grpo"):
-        algo = get_algorithm(algo_name)(beta=0.1).validate(fam)
-        noise = algo.corrupt(fam, batch, g)
+        algo, config = get_algorithm(algo_name)(beta=0.1).validate(fam), SamplingConfig()
+        noise = algo.corrupt(fam, batch, g, config)
         steps = []
         for scorer in (fam, packed_fam):
             with torch.no_grad():
-                est = algo.score(model, scorer, batch, noise)
+                est = algo.score(model, scorer, batch, noise, config)
             part = {**batch, "noise": [noise], "ref": [est.logp - 0.01], "old": [est.logp + 0.02]}
             model.zero_grad()
-            loss, stats = algo.step_loss(model, scorer, part, 0, 0, algo.normaliser(part))
+            loss, stats = algo.step_loss(model, scorer, part, 0, 0, algo.normaliser(fam, part, config), config)
             loss.backward()
-            steps.append((est, loss.detach(), stats, [q.grad.clone() for q in model.parameters() if q.grad is not None]))
+            grads = [q.grad.clone() for q in model.parameters() if q.grad is not None]
+            steps.append((est, loss.detach(), stats, grads))
         model.zero_grad()
         (ea, la, sa, ga), (eb, lb, sb, gb) = steps
         assert (ea.logp - eb.logp)[mask].abs().max() < TOL and (ea.entropy - eb.entropy)[mask].abs().max() < TOL

@@ -26,6 +26,7 @@ def test_commands_refer_to_real_files():
         assert (ROOT / script).exists(), script
     assert "python -m pytest -q" in shell and "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
     assert "python -m ruff check ." in shell and "python -m ruff check ." in (ROOT / ".ci" / "run").read_text()
+    assert "lint-imports" in shell and "lint-imports" in (ROOT / ".ci" / "run").read_text()
     for recipe in re.findall(r"--config ([^\s\"']+)", shell):
         assert (ROOT / recipe).exists(), recipe
     for req in re.findall(r"-r (\S+)", shell):
@@ -111,6 +112,24 @@ def test_linter_is_clean():
     pytest.importorskip("ruff")
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_imports_only_go_down():
+    """import-linter's contracts (pyproject.toml: the floors, the forbidden pairs, no cycle inside a package) hold."""
+    pytest.importorskip("importlinter")
+    out = subprocess.run(["lint-imports"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and " kept, 0 broken" in out.stdout, out.stdout[-3000:]
+
+
+def test_layout_names_every_module():
+    """The README's layout names every module and package of dare/ (a new one is placed on a floor there)."""
+    layout = README.split("## Layout\n")[1].split("\n## ")[0]
+    names = {p.stem for p in (ROOT / "dare").glob("*.py") if p.stem != "__init__" and not p.stem.startswith("_")}
+    names |= {p.name for p in (ROOT / "dare").iterdir() if (p / "__init__.py").exists()}
+    names |= {p.stem for pkg in ("sampling", "engines", "rewards/sandbox") for p in (ROOT / "dare" / pkg).glob("*.py")
+              if p.stem != "__init__"}
+    missing = sorted(n for n in names if not re.search(rf"\b{n}(\.py|/)?\b", layout))
+    assert not missing, f"README's layout does not name {missing}"
 
 
 @pytest.mark.parametrize("script", ["train_rl.py", "train_sft.py"])

@@ -1,6 +1,6 @@
 """Every recipe under recipes/ parses into its script's Args (train_sft.py for sft*.yaml, train_rl.py for the rest;
-unknown keys raise), names a known model family and reads public datasets by hub name whose local copies exist; every accelerate config under
-accelerate_configs/ loads with the installed accelerate."""
+unknown keys raise), names a known model family and reads public datasets by hub name whose local copies exist; every
+accelerate config under accelerate_configs/ loads with the installed accelerate."""
 
 import pytest
 from conftest import ROOT, SHARED, load_script
@@ -66,7 +66,8 @@ def test_rl_recipe_parses(path):
         assert args.preference.path and args.preference.chosen_key and args.preference.rejected_key
         return
     assert args.save_steps % args.algo_config.cycle == 0
-    check_paths(path, "rl", (args.data.path, "train"), *([(args.data.eval_path, "test")] if args.data.eval_path else []))
+    held_out = [(args.data.eval_path, "test")] if args.data.eval_path else []
+    check_paths(path, "rl", (args.data.path, "train"), *held_out)
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
@@ -118,10 +119,10 @@ def shared_data():
 @pytest.mark.parametrize("path", [p for p in RL_RECIPES if p.stem.endswith(("_math", "_math_paper"))],
                          ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
-    """Each shipped RL recipe, offline with the one flag --data.local-dir, starts on its real data section (every file loaded whole through the loaders the
-    recipe uses, rows its reward cannot score dropped and reported) and trains on one rollout: a tiny model of its
-    family, eight prompts, short completions (a masked family's semi-AR blocks and step counts shrink to fit), one
-    pass (its mini-batches are the optimiser steps)."""
+    """Each shipped RL recipe, offline with the one flag --data.local-dir, starts on its real data section (every file
+    loaded whole through the loaders the recipe uses, rows its reward cannot score dropped and reported) and trains on
+    one rollout: a tiny model of its family, eight prompts, short completions (a masked family's semi-AR blocks and step
+    counts shrink to fit), one pass (its mini-batches are the optimiser steps)."""
     from test_train_rl import set_fields
     shared_data()
     algo = peek("algo", ["--config", str(path)])
@@ -139,8 +140,8 @@ def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
     train_rl.main(args)
     assert (tmp_path / f"checkpoint-{args.max_steps}").is_dir()
     if "DigitalLearningGmbH/MATH-lighteval" in args.data.path:
-        assert "DigitalLearningGmbH/MATH-lighteval: dropped 4 of 7474 rows the reward cannot score: 4 no ground truth (rows 886, 1009, " \
-               "5328, 5330)" in capsys.readouterr().out
+        assert "DigitalLearningGmbH/MATH-lighteval: dropped 4 of 7474 rows the reward cannot score: 4 no ground " \
+               "truth (rows 886, 1009, 5328, 5330)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
@@ -151,7 +152,8 @@ def test_sft_recipe_runs_a_step_on_its_own_data(path, tmp_path):
     args = set_fields(args, model=f"tiny:{path.parent.name}", output_dir=str(tmp_path), max_steps=1, save_steps=1,
                       bf16=False, report_to="none", per_device_train_batch_size=2, gradient_accumulation_steps=1,
                       data__limit=8, data__max_length=1024,  # the tiny models' positions
-                      data__eval_limit=4, eval_generate=2, eval_sampling__gen_length=8)  # the recipe's evaluation, short
+                      # the recipe's evaluation, short
+                      data__eval_limit=4, eval_generate=2, eval_sampling__gen_length=8)
     train_sft.main(args)
     assert (tmp_path / "checkpoint-1").is_dir()
 

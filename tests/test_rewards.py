@@ -249,7 +249,8 @@ def test_reward_router_specs():
         RewardRouter(["math:x"])
     with pytest.raises(ValueError, match=r"data source\(s\) \['countdown'\] have no reward"):
         RewardRouter(["gsm8k=math"]).check(["gsm8k", "countdown"])
-    code = {"data_source": "mbpp", "ground_truth": json.dumps(["assert add(1, 2) == 3"]), "extra_info": {"task": "code"}}
+    code = {"data_source": "mbpp", "ground_truth": json.dumps(["assert add(1, 2) == 3"]),
+            "extra_info": {"task": "code"}}
     program = "```python\ndef add(a, b):\n    return a + b\n```"
     results = RewardRouter(["auto"]).score(["\\boxed{4}", program, "\\boxed{5}", "<answer>2+3</answer>"],
                                            [row, code, row, countdown], workers=4)  # the code row runs in a thread

@@ -34,7 +34,8 @@ def starts(tmp_path_factory):
     return start, out
 
 
-CASES = [(algo, "llada") for algo in lab_module.known()] + [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo")]
+CASES = [(algo, "llada") for algo in lab_module.known()]
+CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo")]
 
 
 @pytest.mark.parametrize("algo,family", CASES)

@@ -369,9 +369,9 @@ def test_block_threshold_above_one_equals_static_one_per_step(name, cache):
 
 @pytest.mark.parametrize("name", BLOCK_FAMILIES)
 def test_block_threshold_rule_schedule(name):
-    """threshold_rule='schedule' (SDAR dynamic, the block families' default): a step commits all above the threshold if at least the scheduled
-    count passes, else the top scheduled count: a threshold nothing reaches is the static schedule, one everything
-    reaches fills each block in one step."""
+    """threshold_rule='schedule' (SDAR dynamic, the block families' default): a step commits all above the threshold if
+    at least the scheduled count passes, else the top scheduled count: a threshold nothing reaches is the static
+    schedule, one everything reaches fills each block in one step."""
     model, _, fam = load(name)
     ids, mask = prompts(fam, [5, 10], seed=9)
     common = dict(gen_length=8 if fam.block_size == 4 else 36, steps=4, stop_at_eos=False)
@@ -647,7 +647,7 @@ def test_filter_logits_top_k_and_top_p():
     # probabilities 0.05 / 0.5 / 0.3 / 0.15 in shuffled order: sorted 0.5, 0.3, 0.15, 0.05
     probs = torch.tensor([[0.05, 0.5, 0.3, 0.15]])
     lp = probs.log()
-    kept = lambda p: torch.isfinite(P.filter_logits(lp, top_p=p))[0].tolist()  # noqa: E731
+    kept = lambda p: torch.isfinite(P.filter_logits(lp, top_p=p))[0].tolist()
     assert kept(0.1) == [False, True, False, False]  # the first token alone exceeds p: kept on its own
     assert kept(0.5 - 1e-3) == [False, True, False, False]
     assert kept(0.6) == [False, True, True, False]  # 0.5 < 0.6 < 0.8
@@ -684,7 +684,7 @@ def test_confidence_functions_hand_example():
     p = torch.tensor([[0.6, 0.3, 0.1]])
     logits = p.log() + 2.0  # a constant shift changes nothing
     x0 = torch.tensor([1])
-    close = lambda a, b: abs(float(a) - b) < 1e-6  # noqa: E731
+    close = lambda a, b: abs(float(a) - b) < 1e-6
     assert close(P.score("low_confidence", logits, x0)[0], 0.3)
     assert close(P.score("low_confidence", logits, x0, temperature=0.5)[0], 0.3)  # untempered
     assert close(P.score("entropy", logits, x0)[0], sum(q * math.log(q) for q in (0.6, 0.3, 0.1)))

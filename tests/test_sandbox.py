@@ -1,4 +1,5 @@
-"""Containment tests for dare.rewards.sandbox: hostile programs fail cleanly and change nothing outside.
+"""Containment tests for dare.rewards.sandbox (its local executor): hostile programs fail cleanly and change nothing
+outside.
 
 Every hostile program runs in two modes: as the current user (root in CI: the root mode) and as an ordinary user
 (the user-namespace mode; when the tests run as root, a fresh unprivileged uid, driving the sandbox from its own
@@ -23,7 +24,7 @@ from textwrap import dedent
 import pytest
 
 from dare.rewards import sandbox
-from dare.rewards.sandbox import CodeJob, CodeResult, run, run_batch
+from dare.rewards.sandbox import CodeJob, CodeResult, cgroups, local, run, run_batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USER_UID = 2_900_000_000 + os.getpid() % 1_000_000  # an unnamed, unprivileged uid, unique to this test session
@@ -54,7 +55,7 @@ class Caller:
         if self.mode == "caller":
             return run(CodeJob(program.replace("CALLER_PID", str(os.getpid())), timeout=timeout, **kw))
         env = {"PATH": "/usr/bin:/bin", "HOME": self.home, "DARE_TEST_SECRET": SECRET}
-        driver = subprocess.Popen([self.python, f"{self.tools}/sandbox_driver.py", f"{self.tools}/sandbox.py"],
+        driver = subprocess.Popen([self.python, f"{self.tools}/sandbox_driver.py", f"{self.tools}/sandbox"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   cwd=self.home, env=env, user=self.uid, group=self.uid, extra_groups=[])
         job = dict(program=program.replace("CALLER_PID", str(driver.pid)), timeout=timeout, **kw)
@@ -72,7 +73,7 @@ class Caller:
 
 @pytest.fixture(scope="session")
 def user_tools():
-    """sandbox.py + the driver where the ordinary user can read them, and a python that user can run."""
+    """The sandbox package + the driver where the ordinary user can read them, and a python that user can run."""
     if not sandbox.IS_ROOT:
         pytest.skip("not root: the current user already is the ordinary user (the 'caller' leg runs as it)")
     python = next((p for p in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
@@ -84,10 +85,13 @@ def user_tools():
                                                   capture_output=True).returncode != 0:
         pytest.skip("this kernel gives ordinary users no user namespaces: the sandbox refuses them (tested below)")
     d = tempfile.mkdtemp(prefix="dare-sbx-test-tools-")
-    for f in (sandbox.__file__, os.path.join(HERE, "sandbox_driver.py")):
-        shutil.copy(f, d)
-        os.chmod(os.path.join(d, os.path.basename(f)), 0o644)
-    os.chmod(d, 0o755)
+    shutil.copy(os.path.join(HERE, "sandbox_driver.py"), d)
+    shutil.copytree(os.path.dirname(sandbox.__file__), os.path.join(d, "sandbox"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, _, files in os.walk(d):
+        os.chmod(folder, 0o755)
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o644)
     yield d, python
     shutil.rmtree(d, ignore_errors=True)
 
@@ -182,7 +186,7 @@ def test_memory_bomb_split_over_children(caller):
 
 def test_watchdog_when_no_cgroup(monkeypatch):
     """Without a usable cgroup (none, or cgroup v2 that cannot delegate) the job's init enforces the budget."""
-    monkeypatch.setattr(sandbox, "_cgroup_mounts", dict)
+    monkeypatch.setattr(cgroups, "mounts", dict)
     r = run(CodeJob(SPLIT_BOMB, memory_mb=1024, timeout=5))
     assert not r.passed and r.reason == "memory" and r.isolation.endswith("+watchdog"), r
 
@@ -357,12 +361,12 @@ def test_concurrent_processes():
 def test_cgroups_are_removed(monkeypatch):
     if not sandbox.IS_ROOT:
         pytest.skip("cgroups need root")
-    made, init = [], sandbox._Cgroup.__init__
+    made, init = [], cgroups.Cgroup.__init__
 
     def recording_init(self, *args):
         init(self, *args)
         made.append(list(self.dirs))
-    monkeypatch.setattr(sandbox._Cgroup, "__init__", recording_init)
+    monkeypatch.setattr(cgroups.Cgroup, "__init__", recording_init)
     run(CodeJob("import os\nif os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(60)"))
     assert made and all(not os.path.exists(d) for dirs in made for d in dirs), made
 
@@ -371,7 +375,7 @@ def test_unsafe_mode_as_root_drops_the_uid_and_cleans_up():
     if not sandbox.IS_ROOT:
         pytest.skip("the uid drop needs root")
     token = f"{60 + random.random():.9f}"
-    r = sandbox._run(CodeJob(DAEMON.replace("TOKEN", token)), unsafe=True)
+    r = local.execute(CodeJob(DAEMON.replace("TOKEN", token)), unsafe=True)
     assert r.passed and int(r.stdout) >= sandbox.UID_BASE and r.isolation.startswith("unsafe+"), r
     assert procs_with(token) == []
 
@@ -383,7 +387,7 @@ def test_refuses_without_isolation_unless_opted_in(user_tools):
         pytest.skip("needs util-linux unshare")
     tools, _ = user_tools
     script = ("echo 0 > /proc/sys/user/max_user_namespaces && "
-              f'exec "{sys.executable}" {tools}/sandbox_driver.py {tools}/sandbox.py')
+              f'exec "{sys.executable}" {tools}/sandbox_driver.py {tools}/sandbox')
     results = []
     for unsafe in (False, True):
         job = json.dumps(dict(program="print('ran')", timeout=3, unsafe=unsafe))
@@ -397,3 +401,28 @@ def test_refuses_without_isolation_unless_opted_in(user_tools):
 
 def test_code_result_fields():
     assert [f.name for f in dataclasses.fields(CodeResult)][:5] == ["passed", "reason", "stdout", "stderr", "seconds"]
+
+
+def test_executors_are_chosen_by_name(monkeypatch):
+    """The executor seam: a registered executor runs the jobs it is named for (argument or DARE_SANDBOX_EXECUTOR);
+    an unknown name is refused naming the known ones; the default is the local one."""
+    seen = []
+
+    @sandbox.register_executor("recording")
+    def recording(job, allow_unsafe):
+        seen.append((job.program, allow_unsafe))
+        return CodeResult(True, "ok", "", "", 0.0, "recording")
+
+    try:
+        assert run(CodeJob("print(1)"), executor="recording").isolation == "recording"
+        monkeypatch.setenv("DARE_SANDBOX_EXECUTOR", "recording")
+        monkeypatch.setenv("DARE_SANDBOX_UNSAFE", "1")
+        assert [r.isolation for r in run_batch([CodeJob("a"), CodeJob("b")])] == ["recording"] * 2
+        assert seen == [("print(1)", False), ("a", True), ("b", True)]
+        with pytest.raises(ValueError, match="unknown sandbox executor 'remote'; known: .*local.*recording"):
+            run(CodeJob("print(1)"), executor="remote")
+        monkeypatch.delenv("DARE_SANDBOX_EXECUTOR")
+        monkeypatch.delenv("DARE_SANDBOX_UNSAFE")
+        assert run(CodeJob("print(1)")).stdout == "1\n"
+    finally:
+        sandbox.EXECUTORS.pop("recording")

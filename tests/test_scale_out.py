@@ -142,7 +142,8 @@ def test_zero3_loads_a_checkpoint_partitioned(sft_runs, tmp_path):
     script[script.index("--output-dir") + 1] = str(tmp_path / "out")
     (tmp_path / "probe.py").write_text(PROBE)
     launch("zero3", [str(tmp_path / "probe.py"), *script, "--learning-rate", "1e-2"])
-    loaded = [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)]  # files: launched processes' output interleaves
+    # files: launched processes' output interleaves
+    loaded = [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)]
     gap = max_gap(tmp_path / "out" / "model.safetensors", sft_runs("ddp") / "model.safetensors")
     print(f"zero3 from a folder: first weight as loaded {loaded}; max |weight - DDP's| {gap:.1e}")
     assert loaded == ["partitioned 0", "partitioned 0"] and gap < TOLERANCE
@@ -168,13 +169,14 @@ def test_rl_script_under_fsdp_and_zero3_ends_where_ddp_does(tmp_path):
     runs = {s: tmp_path / s for s in ("ddp", "fsdp", "zero3")}
     for strategy, out in runs.items():
         launch(strategy, [*script, "--output-dir", str(out)])
-    losses = {s: [h["loss"] for h in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
-                  if "loss" in h] for s, out in runs.items()}
+    history = lambda out: json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    losses = {s: [h["loss"] for h in history(out) if "loss" in h] for s, out in runs.items()}
     from dare.models import tiny
     assert max_gap(runs["ddp"] / "model.safetensors", tiny("llada2")[0].state_dict()) > 1e-4  # it did train
     for strategy in ("fsdp", "zero3"):
         gap = max_gap(runs[strategy] / "model.safetensors", runs["ddp"] / "model.safetensors")
-        print(f"RL (d1, llada2 MoE) {strategy}: losses {losses[strategy]} vs DDP {losses['ddp']}; max |weight| gap {gap:.1e}")
+        print(f"RL (d1, llada2 MoE) {strategy}: losses {losses[strategy]} vs DDP {losses['ddp']}; "
+              f"max |weight| gap {gap:.1e}")
         assert gap < TOLERANCE and losses[strategy] == pytest.approx(losses["ddp"], abs=TOLERANCE)
 
 
@@ -219,8 +221,8 @@ def test_sequence_parallel_sft_equals_one_process(family, tmp_path):
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     launch("ddp", script)
-    losses = {k: [h["loss"] for h in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
-                  if "loss" in h] for k, out in runs.items()}
+    history = lambda out: json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    losses = {k: [h["loss"] for h in history(out) if "loss" in h] for k, out in runs.items()}
     gap = max_gap(runs["sp"] / "model.safetensors", runs["alone"] / "model.safetensors")
     print(f"{family}: losses {losses['sp']} (SP=2) vs {losses['alone']} (1 process); max |weight| gap {gap:.1e}")
     assert gap < TOLERANCE and losses["sp"] == pytest.approx(losses["alone"], abs=TOLERANCE)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dare.algos import get_algorithm, known
-from dare.engines import HFEngine
-from dare.engines.sglang import SGLangOptions, SGLangServer, check_sglang, requests, server_args, to_rollout
+from dare.engines import HFEngine, check_decoding, get_engine
+from dare.engines.sglang import SGLangEngine, SGLangOptions, SGLangServer, requests, server_args, to_rollout
 from dare.engines.sglang_plugin import block_step, request_knobs
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig
@@ -95,7 +95,7 @@ def test_dare_block_samples_with_each_requests_seed():
 
 def test_requests_carry_the_knobs_and_a_seed_per_completion():
     model, tok, family = parts("sdar")
-    config = SamplingConfig(gen_length=24, temperature=0.7, top_p=0.9, engine="sglang").check(family, "rollout")
+    config = check_decoding(SGLangEngine, SamplingConfig(gen_length=24, temperature=0.7, top_p=0.9), family, "rollout")
     ids, params = requests([[5, 6], [7]], 3, config, family, seed=11)
     assert ids == [[5, 6]] * 3 + [[7]] * 3
     assert [p["max_new_tokens"] for p in params] == [24] * 6 and params[0]["stop_token_ids"] == list(family.stop_ids)
@@ -132,8 +132,8 @@ class RecordingEngine:
         self.pushed.append(dict(named))
         self.calls.append("push")
 
-    def shutdown(self):
-        self.calls.append("shutdown")
+    def close(self):
+        self.calls.append("close")
 
 
 def test_server_starts_once_and_pushes_only_changed_weights(tmp_path):
@@ -155,7 +155,7 @@ def test_server_starts_once_and_pushes_only_changed_weights(tmp_path):
     merged = policy.merge_and_unload().state_dict()
     assert max((first[k] - merged[k]).abs().max().item() for k in first) < 1e-6
     server.close()
-    assert engine.calls[-1] == "shutdown" and server.engine is None
+    assert engine.calls[-1] == "close" and server.engine is None
     with server.serving(policy, 1) as restarted:  # a new engine reads the checkpoint: the same version is pushed again
         pass
     assert restarted is not engine and restarted.calls == ["start", "push"]
@@ -164,23 +164,23 @@ def test_server_starts_once_and_pushes_only_changed_weights(tmp_path):
 def test_what_sglang_cannot_do_is_refused():
     model, tok, llada = parts("llada")
     with pytest.raises(ValueError, match="block-diffusion models only.*llada decodes with engine hf"):
-        SamplingConfig(engine="sglang").check(llada, "rollout")
+        check_decoding(SGLangEngine, SamplingConfig(), llada, "rollout")
     model, tok, llada2 = parts("llada2")
     for knob, value in (("editing_threshold", 0.9), ("record_states", True), ("cache", "none")):
         with pytest.raises(ValueError, match=f"rollout: engine sglang: {knob}"):
-            SamplingConfig(engine="sglang", **{knob: value}).check(llada2, "rollout")
-    check_sglang(SamplingConfig(engine="sglang", temperature=1.0, threshold=0.9).resolve(llada2), llada2)
+            check_decoding(SGLangEngine, SamplingConfig(**{knob: value}), llada2, "rollout")
+    SGLangEngine.check(SamplingConfig(temperature=1.0, threshold=0.9).resolve(llada2), llada2)
     with pytest.raises(ValueError, match="Unknown engine 'vllm'"):
-        SamplingConfig(engine="vllm").check(llada2, "rollout")
+        get_engine("vllm")
     refused = [a for a in known() if getattr(get_algorithm(a), "needs_sampler", "")]
     assert refused == ["cj-grpo", "d-treerpo", "justgrpo", "mdpo"]
     for name in known():
         algo = get_algorithm(name)()
         if name in refused:
-            with pytest.raises(ValueError, match=f"rollout.engine sglang: {name} needs .* use --rollout.engine hf"):
-                algo.check_engine("sglang")
-        elif hasattr(algo, "check_engine"):
-            algo.check_engine("sglang")
+            with pytest.raises(ValueError, match=f"rollout-engine sglang: {name} needs .* use --rollout-engine hf"):
+                algo.check_engine(SGLangEngine)
+        else:
+            algo.check_engine(SGLangEngine)
 
 
 def test_server_arguments_for_a_checkpoint():
@@ -205,7 +205,7 @@ def test_scripts_refuse_sglang_before_loading_anything(tmp_path, monkeypatch):
         raise AssertionError("weights loaded before the refusal")
 
     monkeypatch.setattr(loading, "load_weights", no_weights)
-    common = ["--model", "tiny:sdar", "--data.path", "task:addition", "--rollout.engine", "sglang",
+    common = ["--model", "tiny:sdar", "--data.path", "task:addition", "--rollout-engine", "sglang",
               "--output-dir", str(tmp_path)]
     for algo, message in (("cj-grpo", "cj-grpo needs the step at which each token was decoded"),
                           ("d1", "serves a checkpoint .* not a tiny: model")):

@@ -68,13 +68,13 @@ def served(request, tmp_path_factory):
     engine = SGLangEngine(path, tok, family, SGLangOptions(max_running_requests=16,
                                                           server_args='{"max_total_tokens": 8192}'))
     yield model, HFEngine(model, tok, family), engine
-    engine.shutdown()
+    engine.close()
 
 
 @pytest.mark.parametrize("knobs", [{}, {"steps": 2}, {"threshold": 0.5, "threshold_rule": "one"}])
 def test_greedy_tokens_equal_the_hf_engine(served, knobs):
     model, hf, engine = served
-    config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang", **knobs)
+    config = SamplingConfig(gen_length=12, temperature=0.0, **knobs)
     ours, theirs = hf.generate(PROMPTS, 1, config, seed=0), engine.generate(PROMPTS, 1, config, seed=0)
     same = (ours.completion_ids == theirs.completion_ids) | ~ours.completion_mask.bool()
     print(f"{hf.family.name} {knobs}: {int(same.all(-1).sum())}/{len(PROMPTS)} completions identical; "
@@ -86,7 +86,7 @@ def test_greedy_tokens_equal_the_hf_engine(served, knobs):
 def test_first_block_equals_the_hf_engine(served):
     """The first block (the prompt's tail and the first generated tokens) agrees for every family."""
     _, hf, engine = served
-    config = SamplingConfig(gen_length=hf.family.block_size, temperature=0.0, engine="sglang")
+    config = SamplingConfig(gen_length=hf.family.block_size, temperature=0.0)
     assert torch.equal(hf.generate(PROMPTS, 1, config, seed=0).completion_ids,
                        engine.generate(PROMPTS, 1, config, seed=0).completion_ids)
 
@@ -94,7 +94,7 @@ def test_first_block_equals_the_hf_engine(served):
 ALONE = """import json, sys
 if __name__ == "__main__":
     import sglang
-    from dare.engines import encode
+    from dare.data.chat import encode
     from dare.engines.sglang import SGLangEngine, SGLangOptions, cpu_import_shim, server_args
     from dare.models.loading import load_config
     from dare.sampling import SamplingConfig
@@ -102,8 +102,8 @@ if __name__ == "__main__":
     config, tok, family = load_config(path)
     if mode == "dare":
         engine = SGLangEngine(path, tok, family, SGLangOptions(max_running_requests=8))
-        out = engine.generate(prompts, 1, SamplingConfig(gen_length=12, temperature=0.0, engine="sglang"), seed=0)
-        engine.shutdown()
+        out = engine.generate(prompts, 1, SamplingConfig(gen_length=12, temperature=0.0), seed=0)
+        engine.close()
         rows = [r[m.bool()].tolist() for r, m in zip(out.completion_ids, out.completion_mask)]
     else:  # SGLang's own LowConfidence; threshold 1: the single most confident position each step
         with open(path + "/low.yaml", "w") as f:
@@ -137,7 +137,7 @@ def test_dare_block_equals_sglangs_own_low_confidence(served, tmp_path):
     """Greedy one-token-per-step decoding is what SGLang's LowConfidence does with threshold 1 (only the single most
     confident position each step): DareBlock's tokens equal it."""
     _, _, engine = served
-    ours = engine.generate(PROMPTS, 1, SamplingConfig(gen_length=12, temperature=0.0, engine="sglang"), seed=0)
+    ours = engine.generate(PROMPTS, 1, SamplingConfig(gen_length=12, temperature=0.0), seed=0)
     assert completions(ours) == alone(engine.model_path, "native", tmp_path)
 
 
@@ -145,7 +145,7 @@ def test_pushed_weights_are_the_ones_that_decode(served, tmp_path):
     """Weights pushed in memory decode as the same weights loaded from a folder (every key reaches SGLang's model) and
     as the hf engine; pushing the originals back restores the output."""
     model, hf, engine = served
-    config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang")
+    config = SamplingConfig(gen_length=12, temperature=0.0)
     before = engine.generate(PROMPTS, 1, config, seed=0)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
@@ -170,13 +170,13 @@ def test_llada2_routed_scaling_on_sglangs_cpu_path(tmp_path):
     model's). Equal wherever SGLang applies the factor; on its CPU path it does not (with 1.0 everything agrees)."""
     path = build("llada2", tmp_path / "llada2", perturb=0.05, routed_scaling_factor=2.5)
     model, tok, family = load_pretrained(path, dtype=torch.float32)
-    config = SamplingConfig(gen_length=12, temperature=0.0, engine="sglang")
+    config = SamplingConfig(gen_length=12, temperature=0.0)
     assert alone(path, "dare", tmp_path) == completions(HFEngine(model, tok, family).generate(PROMPTS, 1, config, 0))
 
 
 def test_sampling_gives_distinct_seeded_completions(served):
     _, _, engine = served
-    config = SamplingConfig(gen_length=12, temperature=1.0, top_k=20, engine="sglang")
+    config = SamplingConfig(gen_length=12, temperature=1.0, top_k=20)
     first, again = (engine.generate(PROMPTS[:1], 4, config, seed=5) for _ in range(2))
     other = engine.generate(PROMPTS[:1], 4, config, seed=6)
     rows = {tuple(r.tolist()) for r in first.completion_ids}
@@ -229,7 +229,7 @@ def test_train_rl_with_the_sglang_engine(tmp_path):
     argv = ["--model", path, "--data.path", "task:addition", "--data.limit", "32", "--data.eval-path", "task:addition",
             "--data.eval-split", "test", "--data.eval-limit", "6", "--max-steps", "2", "--prompts-per-step", "2",
             "--num-generations", "2", "--micro-batch-size", "2", "--rollout.gen-length", "8", "--learning-rate", "0.05",
-            "--rollout.temperature", "1.0", "--rollout.engine", "sglang", "--sglang.max-running-requests", "8",
+            "--rollout.temperature", "1.0", "--rollout-engine", "sglang", "--sglang.max-running-requests", "8",
             "--rewards", "dare_test_rewards.length", "--output-dir", str(tmp_path / "out")]
     (tmp_path / "train.py").write_text(TRAIN)
     result = subprocess.run([sys.executable, str(tmp_path / "train.py"), *argv], cwd=ROOT, capture_output=True,

@@ -44,14 +44,14 @@ def test_cj_replay_reproduces_states_and_the_path_log_probability(name):
     fam, model = eng.family, eng.model
     algo = get_algorithm("cj-grpo")().validate(fam)
     per_block = 2
-    config = algo.sampling(SamplingConfig(gen_length=8 if fam.block_size != 32 else 64, temperature=1.0,
-                                          steps=4 if not fam.is_block_diffusion else per_block, block_length=None,
-                                          record_states=True, stop_at_eos=False), fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8 if fam.block_size != 32 else 64, temperature=1.0,
+                                                       steps=4 if not fam.is_block_diffusion else per_block,
+                                                       block_length=None, record_states=True, stop_at_eos=False))
     rollout = eng.generate(PROMPTS, 2, config, seed=3)
-    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0, config)
     steps, completion = batch["steps"], batch["completion_ids"]
     length = rollout.completion_ids.shape[1]
-    assert (steps[:, :length] >= 0).all() and steps.max() < algo.streams
+    assert (steps[:, :length] >= 0).all() and steps.max() < algo.streams(fam, config)
     if fam.is_block_diffusion:  # the global step of each replayed token: its block's slot + its local step
         p_len = rollout.prompt_mask.sum(-1, keepdim=True)
         k = torch.arange(completion.shape[1])
@@ -73,7 +73,7 @@ def test_cj_replay_reproduces_states_and_the_path_log_probability(name):
         logp = logits[:, rollout.prompt_ids.shape[1]:].double().log_softmax(-1)
         expected += (logp.gather(-1, completion[..., None])[..., 0] * (glob == g)).sum(-1)
     with torch.no_grad():
-        replayed = algo.estimator().score(model, fam, batch, {}).logp.sum(-1)
+        replayed = algo.estimator(fam, config).score(model, fam, batch, {}).logp.sum(-1)
     torch.testing.assert_close(replayed, expected, atol=1e-9, rtol=1e-9)
 
 
@@ -82,18 +82,19 @@ def test_cj_masked_families_use_global_steps_block_families_local_ones():
     block b-1's); each token is assigned exactly one step; block families replay block-local steps."""
     eng = engine("llada")
     algo = get_algorithm("cj-grpo")()
-    config = algo.sampling(SamplingConfig(gen_length=16, block_length=8, steps=8), eng.family)
+    config = algo.rollout_sampling(eng.family, SamplingConfig(gen_length=16, block_length=8, steps=8))
     rollout = eng.generate(PROMPTS, 1, config, seed=0)
-    batch = algo.make_batch(eng.family, rollout, torch.zeros(2), 1, None, 0)
-    assert algo.streams == 8 and torch.equal(batch["steps"], rollout.step_map)
+    batch = algo.make_batch(eng.family, rollout, torch.zeros(2), 1, None, 0, config)
+    assert algo.streams(eng.family, config) == 8 and torch.equal(batch["steps"], rollout.step_map)
     assert (batch["steps"][:, 8:].min(-1).values > batch["steps"][:, :8].max(-1).values).all()
     counts = torch.stack([(batch["steps"] == s).sum(-1) for s in range(8)], -1)
     assert (counts == 2).all()  # 16 tokens over 8 steps, each token once
     sdar = engine("sdar")
-    config = algo.sampling(SamplingConfig(gen_length=8, steps=2, stop_at_eos=False), sdar.family)
+    config = algo.rollout_sampling(sdar.family, SamplingConfig(gen_length=8, steps=2, stop_at_eos=False))
     rollout = sdar.generate(PROMPTS, 1, config, seed=0)
-    batch = algo.make_batch(sdar.family, rollout, torch.zeros(2), 1, None, 0)
-    assert algo.streams == 2 and torch.equal(batch["steps"][:, :8], rollout.block_step) and batch["steps"].max() == 1
+    batch = algo.make_batch(sdar.family, rollout, torch.zeros(2), 1, None, 0, config)
+    assert algo.streams(sdar.family, config) == 2 and torch.equal(batch["steps"][:, :8], rollout.block_step)
+    assert batch["steps"].max() == 1
 
 
 def test_cj_block_replay_keeps_the_stop_block():
@@ -126,11 +127,11 @@ def test_cj_normalisers_step_mean_and_transition_weights():
     fam = eng.family
     for aggregation in ("step", "transition"):
         algo = get_algorithm("cj-grpo")(aggregation=aggregation).validate(fam)
-        config = algo.sampling(SamplingConfig(gen_length=8, steps=2, stop_at_eos=False), fam)
-        batch = algo.make_batch(fam, eng.generate(PROMPTS, 2, config, seed=0), torch.zeros(4), 2, None, 0)
-        norm = algo.normaliser(batch)
+        config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, steps=2, stop_at_eos=False))
+        batch = algo.make_batch(fam, eng.generate(PROMPTS, 2, config, seed=0), torch.zeros(4), 2, None, 0, config)
+        norm = algo.normaliser(fam, batch, config)
         if aggregation == "step":
-            assert norm.tolist() == [int((batch["steps"] == s).sum()) for s in range(algo.streams)]
+            assert norm.tolist() == [int((batch["steps"] == s).sum()) for s in range(algo.streams(fam, config))]
         else:  # each sample's transition weights sum to one; every token of a transition weighs the same
             assert int(norm) == 4
             torch.testing.assert_close(batch["weights"].sum(-1), torch.ones(4))
@@ -202,10 +203,11 @@ def test_mdpo_step_rewards_from_recorded_predictions(name):
     fam = eng.family
     algo = get_algorithm("mdpo")(train_steps=3).validate(fam)
     length = 8 if fam.block_size != 32 else 40
-    config = algo.sampling(SamplingConfig(gen_length=length, block_length=4 if fam.block_size is None else None,
-                                          steps=8 if fam.block_size is None else 2, temperature=1.0,
-                                          cache="prefix" if fam.block_size is None else None, stop_at_eos=False), fam)
-    assert config.record_states and algo.streams == 3
+    masked = fam.block_size is None
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=length, block_length=4 if masked else None,
+                                                       steps=8 if masked else 2, temperature=1.0,
+                                                       cache="prefix" if masked else None, stop_at_eos=False))
+    assert config.record_states and algo.streams(fam, config) == 3
     assert config.cache == ("none" if fam.block_size is None else None)
     rollout = eng.generate(PROMPTS, 2, config, seed=1)
     seen = []
@@ -214,7 +216,7 @@ def test_mdpo_step_rewards_from_recorded_predictions(name):
         seen.append((ids.clone(), list(rows)))
         return (ids % 2 == 0).double().mean(-1)
 
-    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, reward_of, 0)
+    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, reward_of, 0, config)
     predictions = torch.stack(rollout.predictions, 1)
     steps = predictions.shape[1]
     (ids, rows), = seen
@@ -251,13 +253,14 @@ def test_mdpo_on_policy_loss_is_the_weighted_advantage_mean():
     eng = engine("llada")
     fam = eng.family
     algo = get_algorithm("mdpo")(train_steps=2).validate(fam)
-    config = algo.sampling(SamplingConfig(gen_length=8, steps=8, temperature=1.0), fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, steps=8, temperature=1.0))
     rollout = eng.generate(PROMPTS, 2, config, seed=2)
-    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, lambda ids, rows: (ids % 3 == 0).double().mean(-1), 0)
-    norm = algo.normaliser(batch)
+    batch = algo.make_batch(fam, rollout, torch.zeros(4), 2, lambda ids, rows: (ids % 3 == 0).double().mean(-1), 0,
+                            config)
+    norm = algo.normaliser(fam, batch, config)
     total = 0.0
     for k in range(2):
-        loss, _ = algo.step_loss(eng.model, fam, batch, 0, k, norm)
+        loss, _ = algo.step_loss(eng.model, fam, batch, 0, k, norm, config)
         total += float(loss.detach())
     m = batch["train_mask"].double()
     weight = batch["scale"][..., None] * batch["confidence"]
@@ -300,7 +303,7 @@ def test_dtreerpo_tree_structure_values_and_edges(name):
     parent = first.repeat_interleave(3, 0)
     assert torch.equal(leaves[parent != fam.mask_id], parent[parent != fam.mask_id])
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5])
-    batch = algo.make_batch(fam, rollout, rewards, 6, None, 0)
+    batch = algo.make_batch(fam, rollout, rewards, 6, None, 0, config)
     # prompt 0: first-level values .5 and 0 -> root edges +.5 / -.5; leaves 1 - .25, 0 - .75, .5 - .5 and 0, 0, 0
     # prompt 1: first-level values 1 and .5 -> +.5 / -.5; leaves 0, 0, 0 and 0 - .75, 1 - .25, .5 - .5
     expected = torch.tensor([[0.5, -0.5, 0.0], [0.75, -0.75, 0.0], [0.0, 0.0, 0.0],
@@ -324,14 +327,16 @@ def test_dtreerpo_prompt_padding_is_invisible(name):
     fam = eng.family
     algo = get_algorithm("d-treerpo")(branch=2).validate(fam)
     steps = 8 if fam.block_size is None else 2
-    rollout = algo.rollout(eng, PROMPTS, 2, SamplingConfig(gen_length=8, steps=steps, temperature=1.0), seed=0)
-    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, None, 0)
+    config = SamplingConfig(gen_length=8, steps=steps, temperature=1.0)
+    rollout = algo.rollout(eng, PROMPTS, 2, config, seed=0)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, None, 0, config)
     assert (batch["prompt_mask"][:2] == 0).any()  # "hi" is the shorter prompt: left-padded
     alone = {k: v[:2] for k, v in batch.items()}
     width = int(alone["prompt_mask"][0].sum())
     alone["prompt_ids"], alone["prompt_mask"] = alone["prompt_ids"][:, -width:], alone["prompt_mask"][:, -width:]
     with torch.no_grad():
-        padded, unpadded = algo.score(eng.model, fam, batch, {}).logp[:2], algo.score(eng.model, fam, alone, {}).logp
+        padded = algo.score(eng.model, fam, batch, {}, config).logp[:2]
+        unpadded = algo.score(eng.model, fam, alone, {}, config).logp
     torch.testing.assert_close(padded, unpadded, atol=1e-10, rtol=1e-10)
 
 
@@ -374,8 +379,8 @@ def test_clear_errors_for_rollouts_these_algorithms_cannot_use():
     with pytest.raises(ValueError, match=r"num_generations \(3\) must be a multiple of branch \(2\)"):
         get_algorithm("d-treerpo")(branch=2).rollout(eng, PROMPTS, 3, SamplingConfig(gen_length=8), 0)
     with pytest.raises(ValueError, match="mdpo trains a fixed number of steps"):
-        get_algorithm("mdpo")().sampling(SamplingConfig(gen_length=8, threshold=0.9), fam)
+        get_algorithm("mdpo")().rollout_sampling(fam, SamplingConfig(gen_length=8, threshold=0.9))
     with pytest.raises(ValueError, match="cj-grpo replays first-unmask steps"):
-        get_algorithm("cj-grpo")().sampling(SamplingConfig(gen_length=8, editing_threshold=0.9), fam)
+        get_algorithm("cj-grpo")().rollout_sampling(fam, SamplingConfig(gen_length=8, editing_threshold=0.9))
     with pytest.raises(ValueError, match="Unknown aggregation 'mean'"):
         get_algorithm("cj-grpo")(aggregation="mean").validate(fam)

@@ -21,8 +21,8 @@ from test_train_rl import history, set_fields, weights
 import train_rl
 from dare.algos import get_algorithm, matrix
 from dare.config import parse
+from dare.data.chat import encode
 from dare.data.preference import PreferenceCollator, PreferenceDataConfig, make_pairs, pair_rows
-from dare.engines import encode
 from dare.models import Family, tiny
 from dare.trainers import COMPLETE
 

@@ -1,13 +1,15 @@
 """The plug-in contract of an RL algorithm, with plain GRPO on a per-token likelihood estimate as its behaviour.
 
-The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` -> rewards -> ``make_batch`` (training rows; by
-default one per completion with its ``advantages``) -> ``corrupt`` for each inner iteration (noise, stored and
-shared by the old / reference / current policy) -> old and reference ``score`` without gradients (only when
-needed) -> for every mini-batch, micro-batch and each of its ``streams``: ``step_loss`` -> backward. Streams split
-one micro-batch's loss into pieces backpropagated one at a time (an MC sample, a position): memory stays that of
-one piece, and the sum is the unstreamed loss. An algorithm file subclasses :class:`Algorithm` and overrides only
-the hooks where it differs. Its dataclass fields are its knobs: they become
-``--algo-config.*`` flags and the ``algo_config:`` section of a recipe.
+Every hook is a function of its arguments: ``family`` (the trainer's scoring passes may hand a packed or
+sequence-parallel wrapper of it) and ``sampling`` (the rollout's decoding, as ``rollout_sampling`` returned it)
+included; no hook keeps state for another. The trainer (``dare.trainers.rl``) runs one step as: ``rollout`` ->
+rewards -> ``make_batch`` (training rows; by default one per completion with its ``advantages``) -> ``corrupt`` for
+each inner iteration (noise, stored and shared by the old / reference / current policy) -> old and reference
+``score`` without gradients (only when needed) -> for every mini-batch, micro-batch and each of its ``streams``:
+``step_loss`` -> backward. Streams split one micro-batch's loss into pieces backpropagated one at a time (an MC
+sample, a position): memory stays that of one piece, and the sum is the unstreamed loss. An algorithm file
+subclasses :class:`Algorithm` and overrides only the hooks where it differs; its dataclass fields are its knobs
+(``--algo-config.*`` flags, the ``algo_config:`` section of a recipe).
 """
 
 from dataclasses import dataclass
@@ -17,15 +19,37 @@ import torch
 
 from ..likelihood import Estimate, rollout_attention
 from ..sampling import SamplingConfig
-from .core import clipped_token_loss, group_advantages, kl_estimate, token_mean
+from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stats, token_mean
 
 ADVANTAGES = ("drgrpo", "grpo", "rloo")
 LOSS_MASKS = ("all", "upto_first_eos")
 KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
 
 
+class Declared:
+    """What the registry, the algorithm matrix and ``train_rl.py`` read of every algorithm, online or offline."""
+
+    name: ClassVar[str] = ""
+    families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
+    why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
+    trainer: ClassVar[str] = "rl"  # what trains it: rl (rollouts and rewards) | preference (fixed pairs, no rollout)
+    uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
+    needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (Engine.own_samplers)
+
+    def check_family(self, family) -> None:
+        if self.families is not None and family.name not in self.families:
+            raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
+                             f"{', '.join(self.families)}")
+
+    def check_engine(self, engine) -> None:
+        """Refuse a rollout engine (an ``Engine`` class) that cannot give what the algorithm reads of a rollout."""
+        if self.needs_sampler and not engine.own_samplers:
+            raise ValueError(f"rollout-engine {engine.name}: {self.name} needs {self.needs_sampler}, which only DARE's "
+                             "own samplers provide; use --rollout-engine hf")
+
+
 @dataclass
-class Algorithm:
+class Algorithm(Declared):
     """GRPO-family defaults (DARE's generic recipe values)."""
 
     num_iterations: int = 1  # mu: passes over each rollout batch (old log-probs come from the rollout policy)
@@ -39,18 +63,11 @@ class Algorithm:
     advantage: str = "grpo"  # grpo (r - mean) / std | drgrpo r - mean | rloo leave-one-out
     loss_mask: str = "upto_first_eos"  # train on tokens up to and including the first stop, or "all" the canvas
 
-    name: ClassVar[str] = ""
-    families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
-    why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
-    uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
-    offline: ClassVar[bool] = False  # trains on a fixed dataset (preference pairs), no rollout
     own_advantages: ClassVar[tuple[str, ...]] = ()  # advantage names an algorithm computes itself (MDPO, d-TreeRPO)
-    needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (the hf engine), if anything
 
     def validate(self, family) -> "Algorithm":
-        if self.families is not None and family.name not in self.families:
-            raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
-                             f"{', '.join(self.families)}")
+        """Refuse knobs that do not fit (each other or ``family``); returns the algorithm."""
+        self.check_family(family)
         if self.num_iterations < 1 or self.mini_batches < 1:
             raise ValueError(f"num_iterations and mini_batches must be >= 1, got {self.num_iterations}, "
                              f"{self.mini_batches}")
@@ -65,24 +82,27 @@ class Algorithm:
                 raise ValueError(f"Unknown {knob} {value!r}; known: {list(allowed)}")
         return self
 
-    # -- rollout ------------------------------------------------------------------------------------------------
-    def check_engine(self, engine: str) -> None:
-        """Refuse a rollout engine that cannot give what the algorithm reads from the rollout."""
-        if engine != "hf" and self.needs_sampler:
-            raise ValueError(f"rollout.engine {engine}: {self.name} needs {self.needs_sampler}, which only DARE's own "
-                             "samplers provide; use --rollout.engine hf")
-
-    def sampling(self, config: SamplingConfig, family) -> SamplingConfig:
-        """The sampling config the rollout needs (e.g. recorded states); default: as given."""
+    # -- plan: what one run of the algorithm is, fixed before the first rollout -----------------------------------
+    def rollout_sampling(self, family, config: SamplingConfig) -> SamplingConfig:
+        """The decoding the rollout needs (e.g. recorded states), refused where it cannot; default: ``config``."""
         return config
 
-    def rollout(self, engine, prompts: list, n: int, config: SamplingConfig, seed: int):
-        return engine.generate(prompts, n, config, seed)
+    def streams(self, family, sampling: SamplingConfig) -> int:
+        """Backward passes per micro-batch (see the module docstring), known before the rollout."""
+        return 1
+
+    def estimator(self, family, sampling: SamplingConfig):
+        raise NotImplementedError(f"{type(self).__name__} must choose a likelihood estimator")
+
+    # -- rollout ------------------------------------------------------------------------------------------------
+    def rollout(self, engine, prompts: list, n: int, sampling: SamplingConfig, seed: int):
+        return engine.generate(prompts, n, sampling, seed)
 
     def advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
         return group_advantages(rewards, group_size, self.advantage)
 
-    def make_batch(self, family, rollout, rewards: torch.Tensor, group_size: int, reward_of, step: int) -> dict:
+    def make_batch(self, family, rollout, rewards: torch.Tensor, group_size: int, reward_of, step: int,
+                   sampling: SamplingConfig) -> dict:
         """The training rows of one rollout (every tensor's first dimension is the row; the trainer splits them
         into micro-batches). ``rewards`` are the completions' scores; ``reward_of(ids, rows)`` scores other token
         sequences ``[M, R]`` as completions of rollout rows ``rows`` (intermediate predictions); ``step`` is the
@@ -99,25 +119,18 @@ class Algorithm:
         return rollout_attention(family, rollout.prompt_mask, rollout.completion_mask)[:, rollout.prompt_ids.shape[1]:]
 
     # -- likelihood ---------------------------------------------------------------------------------------------
-    def estimator(self):
-        raise NotImplementedError(f"{type(self).__name__} must choose a likelihood estimator")
+    def corrupt(self, family, batch: dict, generator: torch.Generator, sampling: SamplingConfig) -> dict:
+        return self.estimator(family, sampling).corrupt(family, batch, generator)
 
-    def corrupt(self, family, batch: dict, generator: torch.Generator) -> dict:
-        return self.estimator().corrupt(family, batch, generator)
-
-    def score(self, model, family, batch: dict, noise: dict) -> Estimate:
-        return self.estimator().score(model, family, batch, noise)
+    def score(self, model, family, batch: dict, noise: dict, sampling: SamplingConfig) -> Estimate:
+        return self.estimator(family, sampling).score(model, family, batch, noise)
 
     # -- objective ----------------------------------------------------------------------------------------------
-    @property
-    def streams(self) -> int:
-        """Backward passes per micro-batch (see the module docstring); a fixed number, known before the rollout."""
-        return 1
-
-    def step_loss(self, model, family, batch: dict, slot: int, stream: int, normaliser: torch.Tensor):
+    def step_loss(self, model, family, batch: dict, slot: int, stream: int, normaliser: torch.Tensor,
+                  sampling: SamplingConfig):
         """The loss of one micro-step: micro-batch ``batch``, noise ``slot`` (inner iteration), ``stream``.
         Old log-probs default to the detached current ones (the on-policy first pass: ratio exactly 1)."""
-        estimate = self.score(model, family, batch, batch["noise"][slot])
+        estimate = self.score(model, family, batch, batch["noise"][slot], sampling)
         old = batch["old"][slot] if "old" in batch else estimate.logp.detach()
         ref = batch["ref"][slot] if "ref" in batch else None
         return self.loss(estimate, batch, old, ref, normaliser)
@@ -127,7 +140,7 @@ class Algorithm:
         """Optimiser steps per rollout batch."""
         return self.num_iterations * self.mini_batches
 
-    def normaliser(self, batch: dict) -> torch.Tensor:
+    def normaliser(self, family, batch: dict, sampling: SamplingConfig) -> torch.Tensor:
         """What the loss is averaged over: a count (scalar, or a vector of several counts) that adds up over rows;
         the trainer sums it over each mini-batch on every rank. Default: loss tokens."""
         return batch["loss_mask"].sum()
@@ -136,17 +149,24 @@ class Algorithm:
              normaliser: torch.Tensor):
         """Token-level clipped surrogate (+ beta * KL). Returns the loss and ``{metric: (sum, count)}``."""
         mask = batch["loss_mask"]
-        per_token, engaged = clipped_token_loss(estimate.logp, old_logp, batch["advantages"], self.eps_low,
-                                                self.eps_high, self.dual_clip)
-        stats = {"clip_fraction": engaged, "ratio": torch.exp(estimate.logp.detach() - old_logp)}
-        if estimate.entropy is not None:
-            stats["entropy"] = estimate.entropy
+        per_token, stats = self.surrogate(estimate.logp, old_logp, batch["advantages"], ref_logp, estimate.entropy)
+        return token_mean(per_token, mask, normaliser), masked_stats(stats, mask)
+
+    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                  ref_logp: torch.Tensor | None = None, entropy: torch.Tensor | None = None, scale=1.0):
+        """Per token: ``scale x`` the clipped ratio loss ``+ beta x KL`` to the reference, and the statistics
+        (clip fraction, ratio, entropy when given, KL with beta) for ``masked_stats``."""
+        per_token, engaged = clipped_token_loss(logp, old_logp, advantages, self.eps_low, self.eps_high,
+                                                self.dual_clip)
+        per_token = per_token * scale
+        stats = {"clip_fraction": engaged, "ratio": torch.exp(logp.detach() - old_logp)}
+        if entropy is not None:
+            stats["entropy"] = entropy
         if self.beta:
-            kl = kl_estimate(estimate.logp, ref_logp, self.kl)
+            kl = kl_estimate(logp, ref_logp, self.kl)
             per_token = per_token + self.beta * kl
             stats["kl"] = kl.detach()
-        tokens = mask.sum()
-        return token_mean(per_token, mask, normaliser), {k: ((v.float() * mask).sum(), tokens) for k, v in stats.items()}
+        return per_token, stats
 
 
 @dataclass
@@ -158,15 +178,13 @@ class SequenceLevel(Algorithm):
 
     stream: bool = True  # one draw per backward (memory of one graph); False: all draws in one graph
 
-    @property
-    def draws(self) -> int:
-        return self.estimator().samples
+    def draws(self, family, sampling: SamplingConfig) -> int:
+        return self.estimator(family, sampling).samples
 
-    @property
-    def streams(self) -> int:
-        return self.draws if self.stream else 1
+    def streams(self, family, sampling: SamplingConfig) -> int:
+        return self.draws(family, sampling) if self.stream else 1
 
-    def normaliser(self, batch: dict) -> torch.Tensor:
+    def normaliser(self, family, batch: dict, sampling: SamplingConfig) -> torch.Tensor:
         """Sequences with at least one loss token."""
         return (batch["loss_mask"].sum(-1) > 0).sum()
 
@@ -183,13 +201,14 @@ class SequenceLevel(Algorithm):
         return ((per_sequence * valid).sum() / normaliser.clamp(min=1),
                 {k: ((v.detach().float() * valid).sum(), count) for k, v in stats.items()})
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
         noise = batch["noise"][slot]
-        if self.streams == 1:
-            return self._objective(self.score(model, family, batch, noise).logp.mean(-1), batch, slot, normaliser)
+        if self.streams(family, sampling) == 1:
+            value = self.score(model, family, batch, noise, sampling).logp.mean(-1)
+            return self._objective(value, batch, slot, normaliser)
         if stream == 0:
             with torch.no_grad():
-                value = self.score(model, family, batch, noise).logp.mean(-1)
+                value = self.score(model, family, batch, noise, sampling).logp.mean(-1)
             leaf = value.detach().requires_grad_()
             with torch.enable_grad():
                 objective, stats = self._objective(leaf, batch, slot, normaliser)
@@ -197,5 +216,5 @@ class SequenceLevel(Algorithm):
             stats["objective"] = (objective.detach() * normaliser, normaliser)
         else:
             stats = {}
-        draw = self.estimator().score(model, family, batch, noise, draw=stream).logp[:, 0]
-        return (draw * batch["proxy_grad"]).sum() / self.draws, stats
+        draw = self.estimator(family, sampling).score(model, family, batch, noise, draw=stream).logp[:, 0]
+        return (draw * batch["proxy_grad"]).sum() / self.draws(family, sampling), stats

@@ -27,16 +27,15 @@ class BGPO(Algorithm):
     stream: bool = True  # backpropagate one sample at a time (constant memory in K)
     loss_mask: str = "all"  # the reference's masked-diffusion rollouts train the whole canvas
 
-    @property
-    def streams(self) -> int:
+    def streams(self, family, sampling) -> int:
         return self.samples if self.stream else 1
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return MCElbo(self.samples)
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
-        draws = None if self.streams == 1 else stream
-        value = self.estimator().score(model, family, batch, batch["noise"][slot], draw=draws).logp  # [N, k]
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        draws = None if self.streams(family, sampling) == 1 else stream
+        value = self.estimator(family, sampling).score(model, family, batch, batch["noise"][slot], draw=draws).logp
         if "old" in batch:
             old = batch["old"][slot] if draws is None else batch["old"][slot][:, draws:draws + 1]
         else:

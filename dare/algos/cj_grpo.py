@@ -21,7 +21,7 @@ from ..likelihood import Trajectory
 from ..sampling import step_budget
 from . import register
 from .base import Algorithm
-from .core import clipped_token_loss, kl_estimate
+from .core import masked_stats
 
 AGGREGATIONS = ("step", "transition")
 
@@ -35,29 +35,29 @@ class CJGRPO(Algorithm):
 
     advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
     loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
-    aggregation: str = "step"  # step: token mean per step, averaged over steps (paper) | transition: every sample's (block, step) transitions weigh 1 in all, mean over samples (DARE's block families)
+    # step: token mean per step, averaged over steps (paper) | transition: every sample's (block, step) transitions
+    # weigh 1 in all, mean over samples (DARE's block families)
+    aggregation: str = "step"
 
     def validate(self, family):
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"Unknown aggregation {self.aggregation!r}; known: {list(AGGREGATIONS)}")
         return super().validate(family)
 
-    def sampling(self, config, family):
+    def rollout_sampling(self, family, config):
         if config.editing_threshold is not None:
             raise ValueError("cj-grpo replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, which a "
                              "step map cannot replay (unset editing_threshold)")
-        self._steps = step_budget(config, family)
         return config
 
-    @property
-    def streams(self) -> int:
-        return getattr(self, "_steps", 1)
+    def streams(self, family, sampling) -> int:
+        return step_budget(sampling, family)  # one per decoding step (block families: per step of a block)
 
-    def estimator(self):
-        return Trajectory(self.streams)
+    def estimator(self, family, sampling):
+        return Trajectory(self.streams(family, sampling))
 
-    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
-        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step)
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
         if family.is_block_diffusion:
             ids, steps = ((rollout.replay_ids, rollout.replay_step) if rollout.replay_ids is not None
                           else (rollout.completion_ids, rollout.block_step))
@@ -67,10 +67,10 @@ class CJGRPO(Algorithm):
         loss_mask = decoded if self.loss_mask == "all" else rollout.completion_mask.bool() & decoded
         batch.update(completion_ids=ids, completion_mask=decoded.long(), steps=steps, loss_mask=loss_mask.long())
         if self.aggregation == "transition":
-            batch["weights"] = self._transition_weights(family, batch)
+            batch["weights"] = self._transition_weights(family, batch, self.streams(family, sampling))
         return batch
 
-    def _transition_weights(self, family, batch):
+    def _transition_weights(self, family, batch, steps_per_block: int):
         """1 / (tokens of the token's (block, step) transition) / (transitions of its sample), on loss tokens."""
         steps, mask = batch["steps"], batch["loss_mask"].bool()
         length = steps.shape[1]
@@ -79,32 +79,27 @@ class CJGRPO(Algorithm):
             block = (offset + torch.arange(length, device=steps.device)) // family.block_size
         else:
             block = torch.zeros_like(steps)
-        key = (block * (self.streams + 1) + steps.clamp(min=0)) * mask
+        key = (block * (steps_per_block + 1) + steps.clamp(min=0)) * mask
         counts = torch.zeros(len(steps), int(key.max()) + 1, device=steps.device).scatter_add_(1, key, mask.float())
         transitions = (counts > 0).sum(-1, keepdim=True).clamp(min=1)
         return torch.where(mask, 1.0 / (counts.gather(1, key) * transitions).clamp(min=1), 0.0)
 
-    def normaliser(self, batch):
+    def normaliser(self, family, batch, sampling):
         mask = batch["loss_mask"].bool()
         if self.aggregation == "transition":
             return mask.any(-1).sum()
-        return torch.bincount(batch["steps"][mask], minlength=self.streams)[:self.streams]
+        steps = self.streams(family, sampling)
+        return torch.bincount(batch["steps"][mask], minlength=steps)[:steps]
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
-        est = self.estimator().score(model, family, batch, {}, step=stream)  # a forward even without targets: every
-        # rank runs the same number of graphs
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        # a forward even without targets: every rank runs the same number of graphs
+        est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
         target = (batch["steps"] == stream) & batch["loss_mask"].bool()
         old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"], self.eps_low, self.eps_high,
-                                                self.dual_clip)
-        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old), "entropy": est.entropy}
-        if self.beta:
-            kl = kl_estimate(est.logp, batch["ref"][slot], self.kl)
-            per_token = per_token + self.beta * kl
-            stats["kl"] = kl.detach()
+        ref = batch["ref"][slot] if self.beta else None
+        per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
         if self.aggregation == "transition":
             loss = (per_token * batch["weights"] * target).sum() / normaliser.clamp(min=1)
         else:  # token mean of this step over the whole batch, averaged over the steps that exist
             loss = (per_token * target).sum() / normaliser[stream].clamp(min=1) / (normaliser > 0).sum().clamp(min=1)
-        tokens = target.sum()
-        return loss, {k: ((v.float() * target).sum(), tokens) for k, v in stats.items()}
+        return loss, masked_stats(stats, target)

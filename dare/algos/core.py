@@ -16,7 +16,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "grpo",
     rloo    r - mean of the others = G/(G-1) (r - mean) (ESPO, Coupled-GRPO)
     """
     if rewards.dim() != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be [N] with N a multiple of group_size={group_size}, got {tuple(rewards.shape)}")
+        raise ValueError(f"rewards must be [N] with N a multiple of group_size={group_size}, got "
+                         f"{tuple(rewards.shape)}")
     r = rewards.double().view(-1, group_size)
     mean = r.mean(-1, keepdim=True)
     if kind == "grpo":  # verl: a group of one has mean 0 and std 1, i.e. A = r
@@ -82,3 +83,9 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor, total_tokens: torch.Ten
     mask = mask.to(values.dtype)
     total = mask.sum() if total_tokens is None else total_tokens
     return (values * mask).sum() / (total if torch.is_tensor(total) else torch.tensor(float(total))).clamp(min=1.0)
+
+
+def masked_stats(stats: dict, mask: torch.Tensor) -> dict:
+    """Per-token statistics ``[.., R]`` as ``{name: (sum over mask, tokens in mask)}``, the trainer's meters."""
+    tokens = mask.sum()
+    return {name: ((value.float() * mask).sum(), tokens) for name, value in stats.items()}

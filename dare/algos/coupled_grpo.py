@@ -29,5 +29,5 @@ class CoupledGRPO(Algorithm):
             raise ValueError(f"need 0 < t_min <= t_max < 1, got [{self.t_min}, {self.t_max}]")
         return super().validate(family)
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return Coupled(self.t_min, self.t_max, self.p_prompt)

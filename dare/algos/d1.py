@@ -27,5 +27,5 @@ class D1(Algorithm):
             raise ValueError(f"p_prompt must be in [0, 1), got {self.p_prompt}")
         return super().validate(family)
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return MeanField(self.p_prompt)

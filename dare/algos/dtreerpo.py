@@ -25,7 +25,7 @@ from ..sampling import schedule_length
 from ..sampling.primitives import after_first
 from . import register
 from .base import Algorithm
-from .core import clipped_token_loss, kl_estimate
+from .core import masked_stats
 
 
 def sibling_advantages(values: torch.Tensor) -> torch.Tensor:
@@ -86,17 +86,17 @@ class DTreeRPO(Algorithm):
             raise ValueError(f"need branch >= 1 and 0 < split < 1, got branch={self.branch}, split={self.split}")
         return super().validate(family)
 
-    def rollout(self, engine, prompts, n, config, seed):
+    def rollout(self, engine, prompts, n, sampling, seed):
         if n % self.branch:
             raise ValueError(f"num_generations ({n}) must be a multiple of branch ({self.branch}): each prompt's tree "
                              f"has num_generations leaves")
-        total = schedule_length(config, engine.family)
+        total = schedule_length(sampling, engine.family)
         middle = round(total * self.split)
         if not 0 < middle < total:
             raise ValueError(f"split={self.split} of {total} steps leaves an empty tree level")
-        first = engine.generate(prompts, n // self.branch, config, seed, to_step=middle)
+        first = engine.generate(prompts, n // self.branch, sampling, seed, to_step=middle)
         canvas = first.completion_ids.repeat_interleave(self.branch, 0)
-        leaves = engine.generate(prompts, n, config, (seed + 1) % 2 ** 63, canvas=canvas, from_step=middle)
+        leaves = engine.generate(prompts, n, sampling, (seed + 1) % 2 ** 63, canvas=canvas, from_step=middle)
         return replace(leaves, nfe=first.nfe + leaves.nfe, seconds=first.seconds + leaves.seconds,
                        records={"first_level": first.completion_ids})
 
@@ -104,7 +104,7 @@ class DTreeRPO(Algorithm):
         leaves = rewards.view(-1, group_size // self.branch, self.branch)
         return sibling_advantages(leaves).reshape(-1)  # the leaves' own edges (for logging; make_batch has all)
 
-    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
         """One row per parent node: the root (children: first-level nodes) and each first-level node (children:
         its leaves), with the children's canvases ``[rows, C, R]``, edge advantages and active tokens."""
         c, b = group_size // self.branch, self.branch
@@ -134,30 +134,24 @@ class DTreeRPO(Algorithm):
                 "advantages": adv, "active": active, "loss_mask": active.any(1).long(),
                 "sd_mass": sd_mass, "sd_logq": sd_logq, "sd_lambda": torch.full((rows,), weight, device=adv.device)}
 
-    def normaliser(self, batch):
+    def normaliser(self, family, batch, sampling):
         """[edges with at least one active token, (parent, position) pairs with a distillation target]."""
         pairs = (batch["sd_mass"].sum(1) > 0).sum()
         return torch.stack([batch["active"].any(-1).sum(), pairs])
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return EdgeTransition()
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
-        est = self.score(model, family, batch, {})
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        est = self.score(model, family, batch, {}, sampling)
         active = batch["active"]
         old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        per_token, engaged = clipped_token_loss(est.logp, old, batch["advantages"][..., None], self.eps_low,
-                                                self.eps_high, self.dual_clip)
-        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old)}
-        if self.beta:
-            kl = kl_estimate(est.logp, batch["ref"][slot], self.kl)
-            per_token = per_token + self.beta * kl
-            stats["kl"] = kl.detach()
+        ref = batch["ref"][slot] if self.beta else None
+        per_token, stats = self.surrogate(est.logp, old, batch["advantages"][..., None], ref)
         edge_mean = (per_token * active).sum(-1) / active.sum(-1).clamp(min=1)
         loss = edge_mean.sum() / normaliser[0].clamp(min=1)
         sd = (batch["sd_mass"] * (batch["sd_logq"] - est.logp)).sum((1, 2))  # KL(q || p) per parent
         loss = loss + (batch["sd_lambda"] * sd).sum() / normaliser[1].clamp(min=1)
-        tokens = active.sum()
-        out = {k: ((v.float() * active).sum(), tokens) for k, v in stats.items()}
+        out = masked_stats(stats, active)
         out["self_distillation"] = (sd.detach().sum(), (batch["sd_mass"].sum(1) > 0).sum())
         return loss, out

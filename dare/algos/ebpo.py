@@ -25,12 +25,8 @@ class EBPO(SequenceLevel):
     samples: int = 16  # MC rows of the composite ELBO
     loss_mask: str = "all"
 
-    def sampling(self, config, family):
-        self._block = config.block_length or config.gen_length  # masked families: the semi-AR blocks
-        return config
-
-    def estimator(self):
-        return BlockElbo(self.samples, getattr(self, "_block", None))
+    def estimator(self, family, sampling):
+        return BlockElbo(self.samples, sampling.block_length or sampling.gen_length)  # masked: the semi-AR blocks
 
     def sequence_loss(self, value, old, ref, batch):
         loss, engaged = log_clipped_loss(value - old, batch["advantages"], self.eps_low, self.eps_high)

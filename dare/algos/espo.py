@@ -35,7 +35,7 @@ class ESPO(SequenceLevel):
             raise ValueError("espo's KL is k2 on the raw ELBO: set kl: k2")
         return super().validate(family)
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return SequenceElbo(self.samples, self.coupled)
 
     def sequence_loss(self, value, old, ref, batch):

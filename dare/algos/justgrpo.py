@@ -25,34 +25,24 @@ class JustGRPO(Algorithm):
     chunk: int = 1  # positions scored per forward / backward
     loss_mask: str = "all"
 
-    def sampling(self, config, family):
+    def rollout_sampling(self, family, config):
         one_per_step = dict(remasking="left_to_right", schedule="linear", threshold=None, factor=None, top_k=None,
                             top_p=None, alg_temp=None, editing_threshold=None,
                             cache=None if config.cache in ("prefix", "dual") else config.cache)
-        self._config = replace(config, **one_per_step, steps=None, block_length=None)
-        return self._config
+        return replace(config, **one_per_step, steps=None, block_length=None)
 
-    def estimator(self):
-        config = getattr(self, "_config", None)  # set by sampling(): the learner uses the sampler's temperature
-        return Autoregressive((config.temperature if config else 0.0) or 1.0, self.chunk, ())
+    def estimator(self, family, sampling):
+        """The sampler's temperature; banned: the tokens the sampler never proposes (mask; EOS with suppress_eos)."""
+        banned = (family.mask_id,) + ((family.eos_id,) if sampling.suppress_eos else ())
+        return Autoregressive(sampling.temperature or 1.0, self.chunk, banned)
 
-    @property
-    def streams(self) -> int:
-        config = getattr(self, "_config", None)
-        return 1 if config is None else math.ceil(config.gen_length / self.chunk)
+    def streams(self, family, sampling) -> int:
+        return math.ceil(sampling.gen_length / self.chunk)
 
-    def score(self, model, family, batch, noise):
-        return self._learner(family).score(model, family, batch, noise)
-
-    def _learner(self, family):
-        """The estimator with the tokens the sampler never proposes (mask; EOS with suppress_eos) banned."""
-        suppress = getattr(self, "_config", None) is not None and self._config.suppress_eos
-        return replace(self.estimator(), banned=(family.mask_id,) + ((family.eos_id,) if suppress else ()))
-
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
         """The base token loss on this stream's positions (the normaliser still covers the whole batch)."""
         positions = range(stream * self.chunk, min((stream + 1) * self.chunk, batch["completion_ids"].shape[1]))
-        est = self._learner(family).score(model, family, batch, {}, positions)
+        est = self.estimator(family, sampling).score(model, family, batch, {}, positions)
         cols = slice(positions.start, positions.stop)
         old = batch["old"][slot][:, cols] if "old" in batch else est.logp.detach()
         ref = batch["ref"][slot][:, cols] if "ref" in batch else None

@@ -21,7 +21,7 @@ from ..likelihood import StepPrediction
 from ..sampling import schedule_length
 from . import register
 from .base import Algorithm
-from .core import clipped_token_loss, kl_estimate
+from .core import masked_stats
 
 
 def step_scores(rho: torch.Tensor) -> torch.Tensor:
@@ -71,34 +71,33 @@ class MDPO(Algorithm):
             raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
         return super().validate(family)
 
-    def sampling(self, config, family):
+    def rollout_sampling(self, family, config):
         if config.threshold is not None or config.factor is not None:
             raise ValueError("mdpo trains a fixed number of steps per rollout: use a step schedule, not "
                              "threshold/factor decoding")
         # the Fast-dLLM prefix/dual caches compute only the current block's logits: no whole-canvas prediction
-        config = replace(config, record_states=True, cache="none" if config.cache in ("prefix", "dual") else config.cache)
-        self._steps = schedule_length(config, family)
-        return config
+        cache = "none" if config.cache in ("prefix", "dual") else config.cache
+        return replace(config, record_states=True, cache=cache)
 
-    @property
-    def streams(self) -> int:
-        return min(self.train_steps, getattr(self, "_steps", self.train_steps))
+    def streams(self, family, sampling) -> int:
+        return min(self.train_steps, schedule_length(sampling, family))
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return StepPrediction()
 
     def advantages(self, rewards, group_size):
         return torch.zeros_like(rewards)  # MDPO's advantages are per step (make_batch), not per completion
 
-    def make_batch(self, family, rollout, rewards, group_size, reward_of, step):
-        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step)
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
+        trained = self.streams(family, sampling)
         n, length = rollout.completion_ids.shape
         predictions = torch.stack(rollout.predictions, 1)  # [N, S, R]
         steps = predictions.shape[1]
         rho = reward_of(predictions.reshape(n * steps, length), [i for i in range(n) for _ in range(steps)])
         adv = step_advantages(step_scores(rho.view(n, steps)), group_size, self.adv_eps)
-        keep = select_steps(adv, self.streams)
-        missing = self.streams - len(keep)  # a decoding that took fewer steps: repeat the last one, train nothing
+        keep = select_steps(adv, trained)
+        missing = trained - len(keep)  # a decoding that took fewer steps: repeat the last one, train nothing
         keep = torch.cat([keep, keep[-1:].repeat(missing)])
         blank = torch.full_like(rollout.completion_ids, family.mask_id)
         states = torch.stack([blank] + rollout.states[:-1], 1)[:, keep]
@@ -111,24 +110,18 @@ class MDPO(Algorithm):
                      scale=length / masked.sum(-1).clamp(min=1), step_reward=rho.view(n, steps).mean(-1))
         return batch
 
-    def normaliser(self, batch):
+    def normaliser(self, family, batch, sampling):
         return batch["train_mask"].sum()
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
-        est = self.estimator().score(model, family, batch, {}, step=stream)
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
         mask = batch["train_mask"][:, stream]
         old = batch["old"][slot][:, stream] if "old" in batch else est.logp.detach()
-        per_token, engaged = clipped_token_loss(est.logp, old, batch["step_advantages"][:, stream], self.eps_low,
-                                                self.eps_high, self.dual_clip)
-        per_token = per_token * batch["scale"][:, stream, None]
-        stats = {"clip_fraction": engaged, "ratio": torch.exp(est.logp.detach() - old), "entropy": est.entropy}
-        if self.beta:
-            kl = kl_estimate(est.logp, batch["ref"][slot][:, stream], self.kl)
-            per_token = per_token + self.beta * kl
-            stats["kl"] = kl.detach()
+        ref = batch["ref"][slot][:, stream] if self.beta else None
+        per_token, stats = self.surrogate(est.logp, old, batch["step_advantages"][:, stream], ref, est.entropy,
+                                          scale=batch["scale"][:, stream, None])
         loss = (per_token * batch["confidence"][:, stream] * mask).sum() / normaliser.clamp(min=1)
-        tokens = mask.sum()
-        stats = {k: ((v.float() * mask).sum(), tokens) for k, v in stats.items()}
+        stats = masked_stats(stats, mask)
         if stream == 0:
             stats["step_reward"] = (batch["step_reward"].sum(), torch.tensor(float(len(batch["step_reward"]))))
         return loss, stats

@@ -40,11 +40,11 @@ class SPG(Algorithm):
             raise ValueError("spg has no KL term: beta must be 0")
         return super().validate(family)
 
-    def estimator(self):
+    def estimator(self, family, sampling):
         return Sandwich(self.samples, self.block_length, self.renyi_beta, self.upper_weight, self.p_prompt)
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser):
-        bounds = self.score(model, family, batch, batch["noise"][slot]).logp  # [N, 2]: lower, upper/mix
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        bounds = self.score(model, family, batch, batch["noise"][slot], sampling).logp  # [N, 2]: lower, upper/mix
         adv = batch["advantages"]
         value = torch.where(adv > 0, bounds[:, 0], bounds[:, 1])
         tokens = batch["loss_mask"].sum(-1).to(value.dtype)

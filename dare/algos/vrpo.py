@@ -21,13 +21,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ..likelihood import MCElbo
 from . import register
+from .base import Declared
 
 NORMALISE = ("none", "padded_length")
 
 
 @register("vrpo")
 @dataclass
-class VRPO:
+class VRPO(Declared):
     """VRPO: DPO on stratified K-sample ELBOs with masks shared by the policy and the reference (offline pairs)."""
 
     beta: float = 0.2  # DPO beta (DARE 0.2)
@@ -35,17 +36,13 @@ class VRPO:
     normalise: str = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)
     stream: bool = True  # one draw's activations alive at a time (recomputed in backward); False: all K in one graph
 
-    name: ClassVar[str] = ""
-    families: ClassVar[tuple[str, ...] | None] = None
-    why_not: ClassVar[str] = ""
+    trainer: ClassVar[str] = "preference"  # fixed pairs instead of rollouts (dare.trainers.preference)
     uses_ratio: ClassVar[bool] = False
-    offline: ClassVar[bool] = True  # preference pairs instead of rollouts (train_rl.py dispatches on it)
     advantage: ClassVar[str] = "dpo"  # what the algorithm matrix shows: no advantage, a DPO logit
     loss_mask: ClassVar[str] = "all"  # every valid response token is maskable
 
     def validate(self, family) -> "VRPO":
-        if self.families is not None and family.name not in self.families:
-            raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not})")
+        self.check_family(family)
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.samples < 1:
@@ -54,7 +51,8 @@ class VRPO:
             raise ValueError(f"Unknown normalise {self.normalise!r}; known: {list(NORMALISE)}")
         return self
 
-    def estimator(self) -> MCElbo:
+    def estimator(self, family, sampling=None) -> MCElbo:
+        """``sampling`` is unused: there is no rollout."""
         return MCElbo(self.samples, per_token=False)
 
     def corrupt(self, family, batch: dict, generators: list[torch.Generator]) -> dict:
@@ -65,7 +63,8 @@ class VRPO:
         p = torch.zeros(len(valid), self.samples, dtype=torch.float64)  # float64: the weights L / x_j exact
         for i, generator in enumerate(generators):
             length = int(valid[i].sum())
-            drawn = self.estimator().corrupt(family, {"loss_mask": torch.ones(1, length, dtype=torch.long)}, generator)
+            row = {"loss_mask": torch.ones(1, length, dtype=torch.long)}
+            drawn = self.estimator(family).corrupt(family, row, generator)
             masks[i][:, valid[i].cpu()] = drawn["masks"][0]
             p[i] = drawn["masks"][0].sum(-1).double() / max(length, 1)  # an empty response: 0, not NaN
         return {"masks": masks.to(valid.device), "p": p.to(valid.device)}
@@ -74,7 +73,7 @@ class VRPO:
         """``B(y)`` per row ``[N]`` (divided by ``batch["padded_length"]`` under ``normalise="padded_length"``). With
         ``stream`` and gradients on, each draw is a checkpointed segment: the forward keeps no activations and the
         backward recomputes one draw at a time, so memory does not grow with K (one extra forward per draw)."""
-        estimator = self.estimator()
+        estimator = self.estimator(family)
         if self.stream and torch.is_grad_enabled():
             draws = [checkpoint(lambda j=j: estimator.score(model, family, batch, noise, draw=j).logp[:, 0],
                                 use_reentrant=False) for j in range(self.samples)]

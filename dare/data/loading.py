@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+from .public import PUBLIC
+from .tasks import make_task
+
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 
 
@@ -15,8 +18,6 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> 
     read from its local copy in ``local_dir`` when that is given."""
     import datasets  # here, not at the top: --help imports this module
 
-    from .public import PUBLIC
-
     local = Path(path)
     if path in PUBLIC:
         public = PUBLIC[path]
@@ -24,7 +25,6 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> 
             return load_rows(str(public.local(split, local_dir)))
         rows = datasets.Dataset.from_list(public.download(split))
     elif path.startswith("task:"):
-        from .tasks import make_task
         if split not in TASK_ROWS:
             raise ValueError(f"{path}: split must be one of {sorted(TASK_ROWS)}, got {split!r}")
         rows = datasets.Dataset.from_list(make_task(path[5:], TASK_ROWS[split], 0, split))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .chat import encode, left_pad
 from .loading import get_field, load_rows
 from .sft import as_messages
 from .tasks import TASKS, split_of
@@ -118,7 +119,8 @@ def make_pairs(name: str, n: int, split: str = "train", seed: int = 0) -> list[d
     """``n`` generated pairs of task ``name``: a split starting with ``test`` draws from the held-out questions."""
     if name not in WRONG:
         raise ValueError(f"No generated preference pairs for task {name!r}; known: {sorted(WRONG)}")
-    rng, wanted, out = random.Random(f"pairs-{name}-{split}-{seed}"), "test" if split.startswith("test") else "train", []
+    rng, out = random.Random(f"pairs-{name}-{split}-{seed}"), []
+    wanted = "test" if split.startswith("test") else "train"
     while len(out) < n:
         row = TASKS[name](rng, len(out), split)
         if split_of(row["prompt"][-1]["content"]) == wanted:
@@ -145,8 +147,6 @@ class PreferenceCollator:
         self.turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
 
     def __call__(self, pairs: list[dict]) -> dict:
-        from ..engines import encode  # engines import the samplers: loaded on first use only
-        from ..engines.hf import left_pad
 
         config, pad = self.config, self.family.pad_id
         encoded = encode(self.tokenizer, [p["prompt"] for p in pairs])

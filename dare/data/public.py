@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..rewards.math import last_boxed
+
 
 def _row(source, question, truth, answer=None, task="math", **extra):
     info = {"task": task, "question": question, **({"answer": answer} if answer is not None else {}), **extra}
@@ -28,8 +30,7 @@ def _gsm8k(r):
 
 def _math(source):
     def convert(r):
-        from ..rewards.math import last_boxed  # MATH's train rows give the answer only as the solution's last box
-        truth = r.get("answer") or last_boxed(r["solution"])
+        truth = r.get("answer") or last_boxed(r["solution"])  # MATH's train rows: only the solution's last box
         return _row(source, r["problem"], truth, r.get("solution"))
     return convert
 
@@ -63,8 +64,9 @@ class Public:
         for path in tried:
             if path.exists():
                 return path
+        looked = ", ".join(map(str, tried)) or "nothing: the reference has no such split"
         raise FileNotFoundError(f"{self.hub or self.files[split][0]}, split {split!r}: no local copy in {local_dir} "
-                                f"(looked for {', '.join(map(str, tried)) or 'nothing: the reference has no such split'})")
+                                f"(looked for {looked})")
 
     def download(self, split: str) -> list[dict]:
         import datasets

@@ -17,7 +17,8 @@ from .sft import as_messages
 @dataclass
 class RLDataConfig:
     path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME; a,b = both
-    local_dir: str | None = None  # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/rl
+    # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/rl
+    local_dir: str | None = None
     split: str = "train"  # hub datasets only
     eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
     eval_split: str = "test"  # split of a hub eval dataset
@@ -27,7 +28,9 @@ class RLDataConfig:
     extra_key: str = "extra_info"  # optional dict handed to the reward (numbers, puzzle, tests...)
     system_prompt: str | None = None  # prepended as a system message to plain-text prompts
     max_prompt_length: int = 512  # prompts longer than this (tokens, chat template applied) are dropped
-    answer_instruction: str = "auto"  # auto: ask for the format the row's default reward scores where the prompt does not (\boxed{} for math); none: prompts as they are (the reference's bare questions); other text: appended (after a newline) to every prompt
+    # auto: ask for the format the row's default reward scores where the prompt does not (\boxed{} for math); none:
+    # prompts as they are (the reference's bare questions); other text: appended (after a newline) to every prompt
+    answer_instruction: str = "auto"
     limit: int | None = None  # use only the first N training rows
     eval_limit: int | None = None  # use only the first N validation rows
     strict: bool = False  # refuse a file with a row the reward cannot score (default: drop such rows and say so)
@@ -62,8 +65,8 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
         out.append(instruct(row, config.answer_instruction))
     if dropped:
         count = sum(map(len, dropped.values()))
-        reasons = "; ".join(f"{len(rows)} {why} (rows {', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})"
-                            for why, rows in dropped.items())
+        listed = lambda rows: ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+        reasons = "; ".join(f"{len(rows)} {why} (rows {listed(rows)})" for why, rows in dropped.items())
         print(f"{path}: dropped {count} of {len(out) + count} rows the reward cannot score: {reasons}")
     return out
 

@@ -31,16 +31,21 @@ from .loading import get_field
 @dataclass
 class SFTDataConfig:
     path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME
-    local_dir: str | None = None  # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/sft
+    # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/sft
+    local_dir: str | None = None
     split: str = "train"  # hub datasets only
     prompt_key: str = "extra_info.question"  # column holding the prompt (text or a list of chat messages); a.b = nested
     response_key: str = "extra_info.answer"  # column holding the response text
-    answer_key: str = "reward_model.ground_truth"  # the final answer the rewards compare with (only for train_sft.py --eval-generate)
+    # the final answer the rewards compare with (only for train_sft.py --eval-generate)
+    answer_key: str = "reward_model.ground_truth"
     system_prompt: str | None = None  # prepended as a system message when the prompt is plain text
     max_length: int = 1024  # prompt + response tokens per example
-    truncation: str = "error"  # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
-    pad_to: str = "max_length"  # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
-    pack: bool = False  # several examples per max_length row, each attended and noised on its own; no EOS tail (dare/data/sft.py)
+    # an example longer than max_length: "error", or cut the response ("right") / prompt ("left")
+    truncation: str = "error"
+    # "max_length" (upstream: the EOS tail teaches the model to end) or "longest" in the batch
+    pad_to: str = "max_length"
+    # several examples per max_length row, each attended and noised on its own; no EOS tail (dare/data/sft.py)
+    pack: bool = False
     limit: int | None = None  # use only the first N rows
     eval_path: str | None = None  # held-out examples (same formats and keys as path): eval_loss every eval_steps
     eval_split: str = "test"  # split of a hub eval dataset (task:<name>: test = the held-out questions)

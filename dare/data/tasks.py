@@ -55,8 +55,8 @@ def countdown(rng: random.Random, index: int, split: str, size: int = 3) -> dict
     expression, value = str(order[0]), order[0]
     for n in order[1:]:
         op = rng.choice("+-*" if value * n <= 400 else "+-")
-        expression, value = (f"({expression}){op}{n}" if op == "*" and not expression.isdigit() else
-                             f"{expression}{op}{n}"), (value + n if op == "+" else value - n if op == "-" else value * n)
+        expression = f"({expression}){op}{n}" if op == "*" and not expression.isdigit() else f"{expression}{op}{n}"
+        value = value + n if op == "+" else value - n if op == "-" else value * n
     question = (FORMAT + f"Using only the numbers {numbers}, create an arithmetic expression that evaluates to "
                 f"exactly {value}. You must use all numbers from the list, and each number must be used exactly "
                 "once. You may use the operations +, -, *, and / as needed. After reasoning, provide only your "

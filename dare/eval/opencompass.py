@@ -6,7 +6,7 @@ In an OpenCompass config:
     models = [dict(type=DARECompassModel, abbr="llada-8b", path="GSAI-ML/LLaDA-8B-Instruct", max_out_len=256,
                    batch_size=8, sampling=dict(steps=256, block_length=8), elbo_samples=32, run_cfg=dict(num_gpus=1))]
 
-With ``sampling=dict(engine="sglang", ...)`` (block families, in SGLang's environment; ``sglang=dict(...)`` takes
+With ``engine="sglang"`` (block families, in SGLang's environment; ``options=dict(...)`` takes the engine's options,
 ``dare.engines.sglang.SGLangOptions``) the generation benchmarks decode on SGLang and no model is loaded in-process
 (``get_ppl`` then refuses: it needs the model's logits).
 
@@ -21,8 +21,9 @@ import torch
 from opencompass.models.base import BaseModel
 from opencompass.registry import MODELS
 
-from ..engines import HFEngine
+from ..engines import get_engine, make_engine
 from ..models import load_pretrained
+from ..models.loading import load_config
 from ..sampling import SamplingConfig
 from .loglik import elbo_of_ids
 
@@ -48,25 +49,26 @@ class DARECompassModel(BaseModel):
 
     def __init__(self, path: str, max_seq_len: int = 4096, tokenizer_only: bool = False, meta_template=None,
                  sampling: dict | None = None, elbo_samples: int = 32, dtype: str = "auto", seed: int = 0,
-                 sglang: dict | None = None, **kwargs):
+                 engine: str = "hf", options: dict | None = None, **kwargs):
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template)
         known = {f.name for f in fields(SamplingConfig)}
         unknown = set(sampling or {}) - known
         if unknown:
-            raise ValueError(f"unknown sampling keys {sorted(unknown)}; known: {sorted(known)}")
+            hint = " (the engine is its own argument: engine=...)" if "engine" in unknown else ""
+            raise ValueError(f"unknown sampling keys {sorted(unknown)}{hint}; known: {sorted(known)}")
         self.sampling, self.elbo_samples, self.seed = dict(sampling or {}), elbo_samples, seed
-        if self.sampling.get("engine") == "sglang":
-            from ..engines.sglang import SGLangEngine, SGLangOptions
-            from ..models.loading import load_config
+        kind, self.model = get_engine(engine), None
+        if kind.needs_weights:
+            dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+            self.model, self.tokenizer, self.family = load_pretrained(path, dtype=dtype)
+            self.model = self.model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+        else:
             _, self.tokenizer, self.family = load_config(path)
-            SamplingConfig(**self.sampling).check(self.family, "sampling")
-            self.model, self.engine = None, SGLangEngine(path, self.tokenizer, self.family, SGLangOptions(**(sglang or {})))
-            return
-        dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-        self.model, self.tokenizer, self.family = load_pretrained(path, dtype=dtype)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.engine = HFEngine(self.model.to(device).eval(), self.tokenizer, self.family)
+        # the engine's refusals now; the sampler's, which depend on gen_length, at each generate
+        kind.check(SamplingConfig(**self.sampling).resolve(self.family), self.family)
+        settings = kind.options(**(options or {})) if kind.options else None
+        self.engine = make_engine(engine, path, self.tokenizer, self.family, model=self.model, options=settings)
 
     def generate(self, inputs: list, max_out_len: int, **kwargs) -> list[str]:
         config = SamplingConfig(**{"gen_length": max_out_len, **self.sampling})
@@ -77,8 +79,8 @@ class DARECompassModel(BaseModel):
 
     def get_ppl(self, inputs: list[str], mask_length: list[int] | None = None) -> list[float]:
         if self.model is None:
-            raise NotImplementedError("get_ppl scores with the model's own logits: use sampling engine hf for "
-                                      "perplexity benchmarks")
+            raise NotImplementedError("get_ppl scores with the model's own logits: use engine hf for perplexity "
+                                      "benchmarks")
         ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in inputs]
         cuts = [min(mask_length[i] if mask_length else 0, len(x) - 1) for i, x in enumerate(ids)]
         elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts, strict=True)],

@@ -1,10 +1,10 @@
 """A self-contained HTML page showing the order in which a diffusion LM unmasked the tokens of one sample.
 
-The page shows the prompt, then each generated token as a chip coloured by the step at which it was fixed (or by
-its confidence when committed, where recorded), with a colour legend; blocks are thin boxes that wrap side by side,
-so a 256-token answer in blocks of 4 takes about seven lines (1200 px wide), not 64. Whitespace is visible (``·`` space, ``↵`` newline,
-``→`` tab); hovering a token shows its position, id, step and confidence. A slider (and a play button) replays the
-decoding: tokens not yet fixed show as masks. The plain answer text follows.
+The page shows the prompt, then each generated token as a chip coloured by the step at which it was fixed (or by its
+confidence when committed, where recorded), with a colour legend; blocks are thin boxes that wrap side by side, so a
+256-token answer in blocks of 4 takes about seven lines (1200 px wide), not 64. Whitespace is visible (``·`` space,
+``↵`` newline, ``→`` tab); hovering a token shows its position, id, step and confidence. A slider (and a play
+button) replays the decoding: tokens not yet fixed show as masks. The plain answer text follows.
 
     rollout = engine.generate([messages], config=replace(config, record_states=True))   # states -> confidences
     conf = committed_confidences(rollout.states, rollout.confidences, family.mask_id)
@@ -99,14 +99,15 @@ _PAGE = """<!doctype html>
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
 h2 { margin: 0 0 .2em 0; } h3 { margin: 1em 0 .3em 0; font-size: 1em; }
 .facts { color: #666; font-size: .9em; }
-.text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: .9em; background: #f6f6f6;
-        border-left: 3px solid #bbb; padding: .5em .8em; max-height: 12em; overflow: auto; }
+.text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: .9em;
+        background: #f6f6f6; border-left: 3px solid #bbb; padding: .5em .8em; max-height: 12em; overflow: auto; }
 .controls { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: center; margin: .8em 0 .4em 0; font-size: .9em; }
 .legend { display: flex; align-items: center; gap: .5em; font-size: .8em; margin: .3em 0 .6em 0; }
 .legend .bar { display: flex; border: 1px solid #999; }
 .legend .bar span { width: 34px; height: 16px; display: inline-block; text-align: center; line-height: 16px; }
 #t { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 4px 6px; }
-.block { display: inline-flex; flex-wrap: wrap; max-width: 100%; border: 1px solid #bbb; border-radius: 5px; padding: 2px; }
+.block { display: inline-flex; flex-wrap: wrap; max-width: 100%; border: 1px solid #bbb; border-radius: 5px;
+         padding: 2px; }
 .cell { margin: 1px; padding: 1px 3px; border-radius: 3px; font-family: ui-monospace, monospace; font-size: 13px;
         white-space: pre; text-align: center; min-width: 1ch; cursor: default; }
 .cell small { display: block; font-size: 9px; opacity: .8; }

@@ -27,8 +27,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .masks import additive, positions_from_padding, visible
 
-# transformers 5.24 renamed the output field past_key_values -> cache (older versions, e.g. 5.19 pinned by SGLang 0.5.23,
-# only know past_key_values)
+# transformers 5.24 renamed the output field past_key_values -> cache (older versions, e.g. 5.19 pinned by SGLang
+# 0.5.23, only know past_key_values)
 _CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
@@ -350,10 +350,11 @@ class DiffusionLM(DiffusionPreTrainedModel):
             h = h[:, -logits_to_keep:] if logits_to_keep else h
         else:
             h = h[:, logits_to_keep]
-        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(h), **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)})
+        logits = self.get_output_embeddings()(h)
+        return CausalLMOutputWithPast(logits=logits, **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)})
 
 
 __all__ = [
-    "DiffusionBackbone", "DiffusionLM", "DiffusionPreTrainedModel", "GatedMLP", "RotaryEmbedding", "Router", "SparseMoE",
-    "apply_rotary", "attend", "clean_checkpoint_kwargs", "DiffusionConfigMixin", "ship_code",
+    "DiffusionBackbone", "DiffusionLM", "DiffusionPreTrainedModel", "GatedMLP", "RotaryEmbedding", "Router",
+    "SparseMoE", "apply_rotary", "attend", "clean_checkpoint_kwargs", "DiffusionConfigMixin", "ship_code",
 ]

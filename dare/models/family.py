@@ -12,8 +12,8 @@ import torch
 from . import masks
 from .tokenizers import TURN_END
 
-# model_type -> (family name, logits shifted by one (prediction for token i read at position i-1),
-#                default transfer schedule, default remasking confidence, default threshold rule of the official sampler)
+# model_type -> (family name, logits shifted by one (prediction for token i read at position i-1), default transfer
+#                schedule, default remasking confidence, default threshold rule of the official sampler)
 KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "Dream": ("dream", True, "dream", "entropy", "quota"),
          "sdar": ("sdar", False, "linear", "low_confidence", "schedule"),
@@ -22,7 +22,8 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
 
 
 def max_positions(config) -> int | None:
-    """The longest sequence the checkpoint was built for (``max_position_embeddings``; LLaDA: ``max_sequence_length``)."""
+    """The longest sequence the checkpoint was built for (``max_position_embeddings``; LLaDA:
+    ``max_sequence_length``)."""
     return getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
 
 
@@ -39,7 +40,8 @@ class Family:
     vocab_size: int
     schedule: str = "linear"       # default tokens-per-step rule: LLaDA's even split, or Dream's floor(m(1-s/t))
     remasking: str = "low_confidence"  # default confidence (Dream's recommended alg is entropy)
-    threshold_rule: str = "one"    # parallel decoding rule of the official sampler (sampling.primitives.THRESHOLD_RULES)
+    # parallel decoding rule of the official sampler (sampling.primitives.THRESHOLD_RULES)
+    threshold_rule: str = "one"
 
     @property
     def is_block_diffusion(self) -> bool:

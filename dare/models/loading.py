@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import cached_file
 
 from .family import KNOWN, Family, max_positions  # noqa: F401 (max_positions: re-exported)
+from .tiny import tiny_model, tiny_parts
 
 # Tokenizer classes named by official tokenizer_config.json files that are remote code; the stock class loads them.
 _STOCK_TOKENIZER = {"DreamTokenizer": "Qwen2Tokenizer"}
@@ -41,7 +42,6 @@ def parse_overrides(text: str) -> dict:
 
 def _tiny_name(name: str) -> tuple[str, dict]:
     """``tiny:<family>[:key=value,...]`` -> (family, config overrides); a key the config does not have is refused."""
-    from .tiny import tiny_parts
     family, _, text = name.removeprefix("tiny:").partition(":")
     overrides = parse_overrides(text)
     known = tiny_parts(family)[0].to_dict()
@@ -54,7 +54,6 @@ def _tiny_name(name: str) -> tuple[str, dict]:
 def load_config(name_or_path: str):
     """``(config, tokenizer, family)`` without the weights: every setting can be checked before they load."""
     if name_or_path.startswith("tiny:"):
-        from .tiny import tiny_parts
         family, overrides = _tiny_name(name_or_path)
         config, tokenizer = tiny_parts(family, **overrides)
         return config, tokenizer, Family.from_pretrained(config, tokenizer)
@@ -71,7 +70,6 @@ def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", a
     """The model of ``name_or_path`` on the ``config`` of ``load_config``: the checkpoint's weights, or the random
     tiny model of a ``tiny:`` name."""
     if name_or_path.startswith("tiny:"):
-        from .tiny import tiny_model
         model = tiny_model(config)
         model.set_attn_implementation(attn_implementation)
         return model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)

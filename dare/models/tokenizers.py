@@ -45,7 +45,8 @@ SDAR_TEMPLATE = r"""
         {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
     {%- elif m.role == 'assistant' %}
         {%- set content = m.content %}{%- set reasoning = '' %}
-        {%- if m.reasoning_content is defined and m.reasoning_content is not none %}{%- set reasoning = m.reasoning_content %}
+        {%- if m.reasoning_content is defined and m.reasoning_content is not none %}
+            {%- set reasoning = m.reasoning_content %}
         {%- elif '</think>' in content %}
             {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
             {%- set content = content.split('</think>')[-1].lstrip('\n') %}
@@ -67,7 +68,8 @@ LLADA2_TEMPLATE = r"""
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\n' }}{%- endif %}
 {{- 'detailed thinking off<|role_end|>' }}
 {%- set ns = namespace(last=messages|length - 1) %}
-{%- for m in messages %}{%- if m.role == 'user' and m.content is string %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}
+{%- for m in messages %}{%- if m.role == 'user' and m.content is string %}
+    {%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}
 {%- for m in messages %}
     {%- set content = m.content if m.content is string else '' %}
     {%- if m.role == 'user' %}{{- '<role>HUMAN</role>' + m.content + '<|role_end|>' }}

@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 
-from . import RewardResult, reward
+from .base import RewardResult, reward
 from .sandbox import CodeJob, run
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.S)

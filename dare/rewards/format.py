@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from dare.rewards import RewardResult, reward
+from .base import RewardResult, reward
 
 FORMAT_WEIGHT = 0.5
 _STRICT = re.compile(r"<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\s*", re.DOTALL)

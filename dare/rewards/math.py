@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 
-from dare.rewards import RewardResult, reward
+from .base import RewardResult, reward
 
 NO_ANSWER = "ERROR: Answer Extraction Failed"
 MAX_VERIFY_CHARS = 1000  # longer predictions are compared as strings only

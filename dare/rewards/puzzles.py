@@ -17,8 +17,8 @@ import json
 import operator
 import re
 
-from dare.rewards import RewardResult, reward
-from dare.rewards.math import last_answer_tag
+from .base import RewardResult, reward
+from .math import last_answer_tag
 
 FORMAT_SCORE = 0.1
 MAX_EXPR_CHARS = 256

@@ -59,12 +59,14 @@ class RewardRouter:
     def score(self, completions: list[str], rows: list[dict], workers: int = 8) -> list[RewardResult]:
         """Score many completions. Rows whose rewards wait on subprocesses (code) run in ``workers`` threads; the
         rest run in the calling thread, where math_verify's timeouts work (they need the main thread's signals)."""
+        task = lambda r: (r.get("extra_info") or {}).get("task")
         blocking = [i for i, r in enumerate(rows)
-                    if any(name in BLOCKING for name, _ in self.entries(r["data_source"], (r.get("extra_info") or {}).get("task")))]
+                    if any(name in BLOCKING for name, _ in self.entries(r["data_source"], task(r)))]
         results = [None] * len(rows)
         if blocking:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                for i, result in zip(blocking, pool.map(lambda i: self(completions[i], rows[i]), blocking), strict=True):
+                scored = pool.map(lambda i: self(completions[i], rows[i]), blocking)
+                for i, result in zip(blocking, scored, strict=True):
                     results[i] = result
         for i, row in enumerate(rows):
             if results[i] is None:

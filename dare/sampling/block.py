@@ -1,40 +1,20 @@
 """Block-diffusion decoding (SDAR, LLaDA2): blocks of the model's block size, aligned to position 0 of each
 unpadded sequence, decoded left to right; inside a block, denoising steps commit the scheduled number of most
-confident tokens (static) or the tokens a confidence threshold admits (dynamic, ``threshold_rule``).
-
-As the official samplers (SDAR ``generate.py``, LLaDA2 ``generate``) do:
-
-* the canvas is rounded up to whole blocks with masks everywhere after the prompt, the last block is decoded
-  whole (the model was trained on full blocks of masks) and the output is cut to ``gen_length``;
-* a block's schedule counts from the block size, ``n_j`` = the even split of the block over the steps, capped by
-  the masks left (LLaDA2's ``min(n_j, left)``; SDAR's uncapped ``topk`` would overwrite a decoded token when a
-  prompt fills part of the first block, a bug not copied), so a resumed block keeps its counts;
-* stopping: after a block, a sequence that holds a stop token (EOS or the turn terminator) is finished; the
-  batch stops once all are. Tokens after a sequence's first stop token are padding (step -1).
-
-Batching: every prompt is laid out so that its block grid coincides with the canvas grid (left padding by whole
-blocks); the last, partial prompt block is the first block decoded. Committed blocks live in a KV cache; a
-finished block's K/V are appended during the next block's first forward (no extra pass).
-
-Steps: the k-th decoded block owns the global steps ``k * S .. (k + 1) * S - 1`` (S = steps per block, or the block
-size with a threshold; a block that runs out of masks leaves the rest unused), so step ids do not depend on the
-other prompts of the batch and a fixed-schedule decoding resumes exactly (``canvas``, ``from_step``, ``to_step``).
-
-LLaDA2.1 editing (``editing_threshold``): every step also overwrites already decoded tokens of the block whose
-new proposal differs with confidence above the threshold; once the block has no masks it keeps refining for up to
-``max_post_steps`` steps while anything changes. ``step_map`` keeps the step of the first unmasking (edits cannot
-be replayed from it).
+confident tokens (static) or the tokens a confidence threshold admits (dynamic, ``threshold_rule``). The one thing to
+know: the k-th decoded block owns the global steps ``k * S .. (k + 1) * S - 1`` (S = steps per block, or the block
+size with a threshold), so step ids do not depend on the other prompts of the batch and a fixed-schedule decoding
+resumes exactly. How it follows the official samplers: ``generate_block``.
 """
 
 import torch
 from transformers.cache_utils import DynamicCache
 
 from .cache import truncate
+from .config import Generation, plan_block
 from .primitives import (
     CONFIDENCE,
     after_first,
     ascending_schedule,
-    ascending_steps,
     ban,
     decode_step,
     eos_factor,
@@ -42,24 +22,25 @@ from .primitives import (
 )
 
 
-def plan_block(cfg, family) -> int:
-    """Steps per block of a decoding with ``cfg``; every setting this sampler refuses raises here, before any model
-    runs."""
-    block = family.block_size
-    if cfg.block_length not in (None, block):
-        raise ValueError(f"{family.name} attends in blocks of {block}; block_length={cfg.block_length} needs a "
-                         "checkpoint trained with that block size (set config.block_size)")
-    cache_mode = cfg.cache or "block"
-    if cache_mode not in ("block", "none"):
-        raise ValueError(f"{family.name} is a block-diffusion family: cache must be 'block' or 'none'")
-    steps = cfg.steps or (ascending_steps(block) if cfg.schedule == "ascending" else block)
-    if steps > block:
-        raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
-    return steps
-
-
 def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
-    from . import Generation
+    """Decode ``cfg.gen_length`` tokens after each left-padded prompt, as the official samplers (SDAR
+    ``generate.py``, LLaDA2 ``generate``) do:
+
+    * the canvas is rounded up to whole blocks with masks everywhere after the prompt, the last block is decoded
+      whole (the model was trained on full blocks of masks) and the output is cut to ``gen_length``;
+    * a block's schedule counts from the block size, ``n_j`` = the even split of the block over the steps, capped by
+      the masks left (LLaDA2's ``min(n_j, left)``; SDAR's uncapped ``topk`` would overwrite a decoded token when a
+      prompt fills part of the first block, a bug not copied), so a resumed block keeps its counts;
+    * stopping: after a block, a sequence that holds a stop token (EOS or the turn terminator) is finished; the
+      batch stops once all are. Tokens after a sequence's first stop token are padding (step -1).
+
+    Batching: every prompt is laid out so that its block grid coincides with the canvas grid (left padding by whole
+    blocks); the last, partial prompt block is the first block decoded. Committed blocks live in a KV cache; a
+    finished block's K/V are appended during the next block's first forward (no extra pass). LLaDA2.1 editing
+    (``editing_threshold``): every step also overwrites already decoded tokens of the block whose new proposal
+    differs with confidence above the threshold; once the block has no masks it keeps refining for up to
+    ``max_post_steps`` steps while anything changes. ``step_map`` keeps the step of the first unmasking (edits
+    cannot be replayed from it)."""
     block, length, cache_mode = family.block_size, cfg.gen_length, cfg.cache or "block"
     steps = plan_block(cfg, family)
     dynamic = cfg.threshold is not None or cfg.factor is not None

@@ -15,10 +15,10 @@ from transformers.cache_utils import DynamicCache
 
 from ..models.masks import positions_from_padding
 from .cache import move_tail, truncate
+from .config import Generation, plan_masked
 from .primitives import (
     CONFIDENCE,
     ascending_schedule,
-    ascending_steps,
     ban,
     decode_step,
     dream_count,
@@ -27,31 +27,7 @@ from .primitives import (
 )
 
 
-def plan_masked(cfg, family) -> tuple[int, int]:
-    """``(number of semi-AR blocks, total steps)`` of a decoding with ``cfg``; every setting this sampler refuses
-    raises here, before any model runs."""
-    length = cfg.gen_length
-    block = cfg.block_length or length
-    cache_mode = cfg.cache or "none"
-    if cache_mode == "block":
-        raise ValueError(f"{family.name} is a masked-diffusion family: cache must be 'none', 'prefix' or 'dual'")
-    if length % block:
-        raise ValueError(f"gen_length {length} is not divisible by block_length {block}")
-    n_blocks = length // block
-    steps = cfg.steps or (ascending_steps(block) * n_blocks if cfg.schedule == "ascending" else length)
-    if steps > length:
-        raise ValueError(f"steps ({steps}) is larger than the number of tokens to generate ({length})")
-    if steps % n_blocks:
-        raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
-    if cfg.editing_threshold is not None:
-        raise ValueError("editing_threshold (LLaDA2.1 editing) applies to block-diffusion families only")
-    if cfg.cfg_scale and cache_mode != "none":
-        raise ValueError("classifier-free guidance needs cache='none'")
-    return n_blocks, steps
-
-
 def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
-    from . import Generation
     n_rows, p_len = prompt_ids.shape
     length, cache_mode = cfg.gen_length, cfg.cache or "none"
     n_blocks, steps = plan_masked(cfg, family)

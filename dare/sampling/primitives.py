@@ -136,7 +136,8 @@ def dream_count(masked: torch.Tensor, t: float, s: float, last: bool) -> torch.T
 def top_n(conf: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """Boolean mask of the ``n[b]`` highest finite confidences of each row (``conf`` is -inf where not allowed)."""
     order = conf.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(conf.shape[-1], device=conf.device).expand_as(order))
+    positions = torch.arange(conf.shape[-1], device=conf.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
     return (rank < n[:, None]) & torch.isfinite(conf)
 
 

@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from ..lora import export_merged
+
 COMPLETE = "COMPLETE"
 
 
@@ -68,6 +70,5 @@ def fit(trainer, resume: bool = False, merged_dir: str | None = None):
         trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
     if merged_dir:
-        from ..lora import export_merged
         export_merged(trainer, trainer.processing_class, merged_dir)
     return trainer

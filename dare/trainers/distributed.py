@@ -18,6 +18,9 @@ import os
 
 import torch
 
+from ..packing import PackedFamily
+from ..parallel import ATTENTION, SequenceParallel, SequenceParallelFamily
+
 
 def env_flag(name: str) -> bool:
     """An accelerate-style boolean environment variable (1 / true / yes)."""
@@ -84,7 +87,6 @@ class ShardedTraining:
             return None
         import torch.distributed as dist
 
-        from ..parallel import ATTENTION, SequenceParallel
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         if world % size:
             raise ValueError(f"sequence_parallel={size} must divide the {world} processes")
@@ -95,8 +97,6 @@ class ShardedTraining:
     def scoring(self, family, pack: int = 0):
         """``family`` as the training passes score through it: split over the sequence-parallel group, its rows
         packed into rows of ``pack`` tokens (0: not packed)."""
-        from ..packing import PackedFamily
-        from ..parallel import SequenceParallelFamily
         family = family if self.sp is None else SequenceParallelFamily(family, self.sp)
         return PackedFamily(family, pack) if pack else family
 

@@ -38,7 +38,7 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
         super().__init__(model=model, args=args, train_dataset=train_pairs, eval_dataset=eval_pairs or None,
                          data_collator=PreferenceCollator(processing_class, family, data),
                          processing_class=processing_class, console=console)
-        self.algorithm, self.family = algorithm.validate(family), family
+        self.algorithm, self.family = algorithm, family  # checked by train_rl.py before the weights load
         self.scoring_family = self.scoring(family, pack)
         self.loss_is_scaled_for_ga = False  # a micro-batch mean: Trainer divides by the accumulation steps
         self.ref_model = None if hasattr(model, "disable_adapter") else frozen_copy(self)

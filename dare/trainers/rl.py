@@ -27,7 +27,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer
 
 from ..engines import InProcessEngine
-from ..engines.hf import decode_completions
+from ..engines.base import decode_completions
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -39,7 +39,9 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is depr
 
 class RepeatSampler(Sampler):
     """Prompt indices shuffled per epoch, cut into steps of ``prompts_per_step`` (all ranks together), each step's
-    block yielded ``repeat`` times in a row (one per micro-batch of each inner iteration)."""
+    block yielded ``repeat`` times in a row (one per micro-batch of each inner iteration). Not TRL's RepeatSampler:
+    its order comes from one generator advanced epoch after epoch, so a run resumed in a later epoch would see
+    another order; here each epoch's order is a function of (seed, epoch) alone."""
 
     def __init__(self, size: int, prompts_per_step: int, repeat: int, seed: int):
         if size < prompts_per_step:
@@ -61,8 +63,10 @@ class RepeatSampler(Sampler):
 
 class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
     """``per_device_train_batch_size`` = prompts per rank per step; ``gradient_accumulation_steps`` = micro-batches
-    the ``prompts x num_generations`` completions are split into. ``completions.jsonl`` numbers each rollout by the
-    optimiser step it is made for (the first, with inner iterations): the step whose log holds its rewards."""
+    the ``prompts x num_generations`` completions are split into, times the algorithm's streams. ``completions.jsonl``
+    numbers each rollout by the optimiser step it is made for (the first, with inner iterations): the step whose log
+    holds its rewards. The algorithm, its rollout decoding (``sampling``, as ``rollout_sampling`` returned it), the
+    engine server and the batch shape come checked (``train_rl.py``, before any weights load)."""
 
     jsonl_logs = ("completions.jsonl",)  # trimmed to the resumed step (dare/trainers/logs.py)
 
@@ -73,25 +77,14 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
-        self.algorithm, self.family, self.rewards = algorithm.validate(family), family, rewards
+        self.algorithm, self.family, self.rewards = algorithm, family, rewards
         self.scoring_family = self.scoring(family, pack)
-        self.sampling, self.eval_sampling = algorithm.sampling(sampling, family), eval_sampling
+        self.sampling, self.eval_sampling = sampling, eval_sampling
+        self.streams = algorithm.streams(family, sampling)
         self.num_generations, self.rollout_batch_size = num_generations, rollout_batch_size
-        algorithm.check_engine(self.sampling.engine)
         # what decodes the rollouts and validation: DARE's samplers on the policy, or an engine server (SGLang)
-        if engine is None and self.sampling.engine != "hf":
-            raise ValueError(f"rollout.engine {self.sampling.engine} needs its engine server: pass engine= (train_rl.py "
-                             "builds it)")
         self.engine = engine or InProcessEngine(processing_class, family, rollout_batch_size)
         self.reward_workers, self.log_completions = reward_workers, log_completions
-        completions, ga = args.per_device_train_batch_size * num_generations, args.gradient_accumulation_steps
-        if ga % algorithm.streams or completions % (ga // algorithm.streams * algorithm.mini_batches):
-            raise ValueError(f"{completions} completions per rank x {algorithm.streams} streams do not split into "
-                             f"{algorithm.mini_batches} mini-batches of {ga} equal micro-steps")
-        if args.save_strategy == "steps" and args.save_steps % algorithm.cycle:
-            raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations x mini_batches "
-                             f"({algorithm.cycle}): a checkpoint inside a cycle could not resume exactly")
-        rewards.check({r["data_source"] for r in train_rows + (eval_rows or [])})
         self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
         self.ref_model = frozen_copy(self) if algorithm.beta and not hasattr(model, "disable_adapter") else None
         self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
@@ -110,8 +103,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         if micro == 0 and position == 0:
             self._buffer = self._rollout_batch(rows)
         iteration, mini = divmod(position, algo.mini_batches)
-        part, stream = divmod(micro, algo.streams)
-        return {"batch": self._buffer[mini * self.args.gradient_accumulation_steps // algo.streams + part],
+        part, stream = divmod(micro, self.streams)
+        return {"batch": self._buffer[mini * self.args.gradient_accumulation_steps // self.streams + part],
                 "iteration": iteration, "mini": mini, "stream": stream}
 
     def _prepare_inputs(self, inputs):
@@ -127,7 +120,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         start = time.perf_counter()
         with eval_policy(self) as policy, self.compute_loss_context_manager(), \
                 self.engine.serving(policy, self.state.global_step) as engine:
-            rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling, self._seed("rollout", index))
+            rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling,
+                                   self._seed("rollout", index))
         rolled = time.perf_counter()
         expanded = [r for r in rows for _ in range(G)]
         results = self.rewards.score(rollout.texts, expanded, self.reward_workers)
@@ -140,16 +134,16 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
             found = self.rewards.score(texts, [expanded[i] for i in picks], self.reward_workers)
             return torch.tensor([r.score for r in found], dtype=torch.float32, device=device)
 
-        batch = algo.make_batch(family, rollout, scores, G, reward_of, self.state.global_step)
+        batch = algo.make_batch(family, rollout, scores, G, reward_of, self.state.global_step, self.sampling)
         parts = self._split(batch)
-        counts = torch.stack([algo.normaliser(part).float().reshape(-1) for part in parts])
+        counts = torch.stack([algo.normaliser(family, part, self.sampling).float().reshape(-1) for part in parts])
         counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
         counts = counts / self.accelerator.num_processes  # DDP averages gradients over ranks
         self._normalisers = [c[0] if c.numel() == 1 else c for c in counts]  # one per mini-batch
         for slot in range(algo.num_iterations if algo.resample_noise else 1):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
             # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
-            noise = algo.corrupt(family, batch, generator)
+            noise = algo.corrupt(family, batch, generator, self.sampling)
             for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts), strict=True):
                 part.setdefault("noise", []).append(piece)
             if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
@@ -169,16 +163,17 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
             for part in parts:
                 for noise in part["noise"]:
                     if algo.cycle > 1 and algo.uses_ratio:
-                        part.setdefault("old", []).append(algo.score(policy, family, part, noise).logp)
+                        part.setdefault("old", []).append(algo.score(policy, family, part, noise, self.sampling).logp)
                     if algo.beta:
                         with reference(self.ref_model, policy) as ref:
-                            part.setdefault("ref", []).append(algo.score(ref, family, part, noise).logp)
+                            part.setdefault("ref", []).append(algo.score(ref, family, part, noise, self.sampling).logp)
 
     def _split(self, value):
         """One piece per micro-batch of every mini-batch, along the row dimension (tensors, or dicts of them)."""
-        pieces = self.args.gradient_accumulation_steps // self.algorithm.streams * self.algorithm.mini_batches
+        pieces = self.args.gradient_accumulation_steps // self.streams * self.algorithm.mini_batches
         if isinstance(value, dict):
-            return [dict(zip(value, chunk, strict=True)) for chunk in zip(*(self._split(v) for v in value.values()), strict=True)]
+            chunks = zip(*(self._split(v) for v in value.values()), strict=True)
+            return [dict(zip(value, chunk, strict=True)) for chunk in chunks]
         return value.tensor_split(pieces)
 
     def _seed(self, *parts) -> int:
@@ -197,7 +192,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         algo = self.algorithm
         slot = min(inputs["iteration"], len(inputs["batch"]["noise"]) - 1)  # one slot unless noise is redrawn
         loss, stats = algo.step_loss(model, self.scoring_family, inputs["batch"], slot, inputs["stream"],
-                                     self._normalisers[inputs["mini"]])
+                                     self._normalisers[inputs["mini"]], self.sampling)
         for name, (total, count) in stats.items():
             self._add(name, float(total), float(count))
         return (loss, None) if return_outputs else loss

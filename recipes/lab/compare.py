@@ -121,7 +121,8 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
     a.rollout.gen_length, a.rollout.temperature = lab.gen_length, 1.0
     if variant == "control":
         a.rewards = ["auto:-1"]
-    if type(a.algo_config).offline:  # VRPO: (reference answer, the start's own wrong answer); control swaps them
+    # VRPO's pairs: (reference answer, the start's own wrong answer); its control swaps them
+    if a.algo_config.trainer == "preference":
         pairs = lab.rollouts * lab.prompts_per_step
         a.preference.path = mistakes(start, lab, Path(out).parent / "data", pairs)
         a.preference.limit, a.micro_batch_size, a.preference.swap = pairs, 32, variant == "control"

@@ -82,7 +82,7 @@ def main(args: Args) -> dict:
     before = lab.measure(start, settings)
     rl = lab.rl_args(args.algo, start, str(out / "rl"), 42, settings)
     rl.log_completions = 2
-    offline = type(rl.algo_config).offline
+    offline = rl.algo_config.trainer == "preference"
     history = train_rl.main(rl).state.log_history
     after = lab.measure(str(out / "rl"), settings)
 

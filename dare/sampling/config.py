@@ -1,0 +1,226 @@
+"""What a decoding is asked (``SamplingConfig``, ``SamplingOverrides``), what each family's sampler plans for it
+(``plan_masked``, ``plan_block``: every refusal raised before any model runs, step counts) and what it returns
+(``Generation``)."""
+
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from .primitives import CONFIDENCE, THRESHOLD_RULES, ascending_steps
+
+PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding knobs. ``steps``/``block_length`` default per family: masked diffusion = one step per token over
+    one block of ``gen_length``; block diffusion = the model's block size and one step per block token."""
+
+    gen_length: int = 128  # tokens to generate per prompt
+    block_length: int | None = None  # masked: semi-AR block (divides gen_length); block families: model block size
+    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    temperature: float = 0.0  # 0 = greedy; else Gumbel-max sampling in float64
+    top_k: int | None = None  # sample among the k most likely tokens (None = all)
+    top_p: float | None = None  # nucleus sampling: the smallest set of tokens with this much probability (None = all)
+    # confidence used to pick positions (CONFIDENCE, + "origin" for Dream); None = family's
+    remasking: str | None = None
+    # tokens per step: "linear" (LLaDA even split), "dream" (floor(m*(1-s/t))) or "ascending" (2^j, CJ-GRPO's ASS;
+    # default steps log2(block+1)); None = family's
+    schedule: str | None = None
+    eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
+    alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
+    # parallel decoding: commit the positions threshold_rule admits (a probability; Dream then uses maskgit_plus)
+    threshold: float | None = None
+    # "one": all >= threshold, at least one | "schedule": all > threshold if the step's count pass, else the top count |
+    # "quota": top (share + carried), first always, rest if >= threshold; None = family's official (LLaDA one, Dream
+    # quota, SDAR/LLaDA2 schedule)
+    threshold_rule: str | None = None
+    factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
+    # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
+    cache: str | None = None
+    editing_threshold: float | None = None  # block families: LLaDA2.1 editing, overwrite decoded tokens above it
+    max_post_steps: int = 16  # LLaDA2.1 editing: refinement steps after a block has no masks left
+    cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
+    suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
+    # block families: a sequence is finished after the block holding its first stop token (EOS or turn end); tokens
+    # after it are padding
+    stop_at_eos: bool = True
+    # CJ-GRPO's EOSER: EOS confidence x gamma rising from this to 1 over the steps
+    eos_early_rejection: float | None = None
+    # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and
+    # its probability, MDPO)
+    record_states: bool = False
+
+    def resolve(self, family) -> "SamplingConfig":
+        """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence; with a
+        threshold the confidence must be a probability: Dream's official confidence_threshold uses maskgit_plus)."""
+        remasking = self.remasking or family.remasking
+        if self.threshold is not None and not self.remasking and remasking not in PROBABILITIES:
+            remasking = "maskgit_plus"
+        return replace(self, schedule=self.schedule or family.schedule, remasking=remasking,
+                       threshold_rule=self.threshold_rule or family.threshold_rule)
+
+    def validate(self):
+        known = sorted([*CONFIDENCE, "origin"])
+        if self.remasking not in known:
+            raise ValueError(f"Unknown remasking algorithm {self.remasking!r}; known: {known}")
+        if self.schedule not in ("linear", "dream", "ascending"):
+            raise ValueError(f"Unknown schedule {self.schedule!r}; known: ['ascending', 'dream', 'linear']")
+        if self.eos_early_rejection is not None:
+            if not 0 < self.eos_early_rejection <= 1:
+                raise ValueError(f"eos_early_rejection must be in (0, 1], got {self.eos_early_rejection}")
+            if self.remasking not in PROBABILITIES:
+                raise ValueError("eos_early_rejection scales a probability confidence: use remasking "
+                                 f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
+        if self.cache not in (None, "none", "prefix", "dual", "block"):
+            raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
+        if self.threshold_rule not in THRESHOLD_RULES:
+            raise ValueError(f"Unknown threshold_rule {self.threshold_rule!r}; known: {sorted(THRESHOLD_RULES)}")
+        if self.gen_length <= 0:
+            raise ValueError(f"gen_length must be positive, got {self.gen_length}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.threshold is not None and self.factor is not None:
+            raise ValueError("Set either threshold or factor, not both.")
+        if self.remasking == "origin" and self.schedule != "dream":
+            raise ValueError("remasking='origin' (independent per-position flips) needs schedule='dream'")
+        return self
+
+    def check(self, family, where: str = "sampling", prompt_length: int = 0,
+              max_positions: int | None = None) -> "SamplingConfig":
+        """The resolved config, every refusal of the family's sampler raised now, named by ``where`` (before any
+        weights load), and the longest sequence it makes with a ``prompt_length``-token prompt checked against the
+        model's ``max_positions``."""
+        try:
+            cfg = self.resolve(family).validate()
+            (plan_block if family.is_block_diffusion else plan_masked)(cfg, family)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        total = prompt_length + cfg.gen_length
+        if family.is_block_diffusion:
+            block = family.block_size
+            total = -(-total // block) * block  # the last block is decoded whole
+            if cfg.gen_length % block:
+                warnings.warn(f"{where}: gen_length {cfg.gen_length} is not a multiple of {family.name}'s block size "
+                              f"{block}: the last block is decoded whole and the output cut to {cfg.gen_length} "
+                              "tokens, as the official sampler does", stacklevel=2)
+        if max_positions and total > max_positions:
+            raise ValueError(f"{where}: a {prompt_length}-token prompt + gen_length {cfg.gen_length} needs {total} "
+                             f"positions, more than the model's {max_positions} (max_position_embeddings); shorten "
+                             "the prompts (data.max_prompt_length drops longer ones) or gen_length")
+        return cfg
+
+
+@dataclass
+class SamplingOverrides:
+    """Validation decoding: the rollout's settings with these replaced (None: as the rollout)."""
+
+    gen_length: int | None = None  # tokens per answer
+    temperature: float | None = 0.0  # 0 = greedy (the validation default)
+    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    block_length: int | None = None  # masked: semi-AR block length
+    threshold: float | None = None  # parallel decoding confidence threshold
+    top_p: float | None = None  # nucleus sampling (1.0 = off)
+    top_k: int | None = None  # top-k sampling
+    remasking: str | None = None  # confidence that picks positions
+    cache: str | None = None  # masked: none | prefix | dual; block: block | none
+
+    def over(self, base: SamplingConfig) -> SamplingConfig:
+        return replace(base, **{k: v for k, v in asdict(self).items() if v is not None})
+
+
+def step_budget(config: SamplingConfig, family) -> int:
+    """The most denoising steps a decoding with ``config`` can take: in total for masked families, per block for
+    block families (threshold decoding commits at least one token per step)."""
+    config = config.resolve(family)
+    dynamic = config.threshold is not None or config.factor is not None
+    if family.is_block_diffusion:
+        block = family.block_size
+        if dynamic:
+            return block
+        return config.steps or (ascending_steps(block) if config.schedule == "ascending" else block)
+    block = config.block_length or config.gen_length
+    if dynamic:
+        return config.gen_length
+    if config.steps:
+        return config.steps
+    if config.schedule == "ascending":
+        return ascending_steps(block) * (config.gen_length // block)
+    return config.gen_length
+
+
+def schedule_length(config: SamplingConfig, family) -> int:
+    """Scheduled steps of a fixed-schedule decoding of ``gen_length`` tokens, the numbering ``from_step``/``to_step``
+    use: masked families' total steps; block families' steps per block times the blocks ``gen_length`` fills (a
+    prompt that ends inside a block can add one more block at the end)."""
+    if config.threshold is not None or config.factor is not None:
+        raise ValueError("a threshold/factor decoding has no fixed step schedule")
+    per = step_budget(config, family)
+    return per * -(-config.gen_length // family.block_size) if family.is_block_diffusion else per
+
+
+@dataclass
+class Generation:
+    """``sequences`` holds the generated region only ``[N, gen_length]``. ``step_map`` is the global step at which
+    each token was fixed (block families: the k-th decoded block owns steps ``k * S ..``, S = steps per block, or the
+    block size with a threshold) and ``block_step`` the step inside its block (-1: never generated, e.g. after an
+    early stop, where the token is padding). ``states[k]`` is the generated region after step k when recorded;
+    ``predictions[k]``/``confidences[k]`` the whole-canvas proposal of step k (decoded tokens kept) and the
+    probability of each proposed token (0 where not proposed; block families propose for the current block only).
+    ``replay_ids``/``replay_step`` (block families, ``[N, gen_length + block - 1]``): every decoded token from the
+    first generated position with their block steps, the whole last block and the whole block of the stop token
+    included (those tokens were decoded and seen by the other tokens of their block), padding / -1 after."""
+
+    sequences: torch.Tensor
+    step_map: torch.Tensor
+    block_step: torch.Tensor
+    nfe: int = 0  # model forward calls
+    states: list[torch.Tensor] = field(default_factory=list)
+    predictions: list[torch.Tensor] = field(default_factory=list)
+    confidences: list[torch.Tensor] = field(default_factory=list)
+    replay_ids: torch.Tensor | None = None
+    replay_step: torch.Tensor | None = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return (self.step_map >= 0).sum(-1)
+
+
+def plan_block(cfg, family) -> int:
+    """Steps per block of a decoding with ``cfg``; every setting this sampler refuses raises here, before any model
+    runs."""
+    block = family.block_size
+    if cfg.block_length not in (None, block):
+        raise ValueError(f"{family.name} attends in blocks of {block}; block_length={cfg.block_length} needs a "
+                         "checkpoint trained with that block size (set config.block_size)")
+    cache_mode = cfg.cache or "block"
+    if cache_mode not in ("block", "none"):
+        raise ValueError(f"{family.name} is a block-diffusion family: cache must be 'block' or 'none'")
+    steps = cfg.steps or (ascending_steps(block) if cfg.schedule == "ascending" else block)
+    if steps > block:
+        raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
+    return steps
+
+
+def plan_masked(cfg, family) -> tuple[int, int]:
+    """``(number of semi-AR blocks, total steps)`` of a decoding with ``cfg``; every setting this sampler refuses
+    raises here, before any model runs."""
+    length = cfg.gen_length
+    block = cfg.block_length or length
+    cache_mode = cfg.cache or "none"
+    if cache_mode == "block":
+        raise ValueError(f"{family.name} is a masked-diffusion family: cache must be 'none', 'prefix' or 'dual'")
+    if length % block:
+        raise ValueError(f"gen_length {length} is not divisible by block_length {block}")
+    n_blocks = length // block
+    steps = cfg.steps or (ascending_steps(block) * n_blocks if cfg.schedule == "ascending" else length)
+    if steps > length:
+        raise ValueError(f"steps ({steps}) is larger than the number of tokens to generate ({length})")
+    if steps % n_blocks:
+        raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks})")
+    if cfg.editing_threshold is not None:
+        raise ValueError("editing_threshold (LLaDA2.1 editing) applies to block-diffusion families only")
+    if cfg.cfg_scale and cache_mode != "none":
+        raise ValueError("classifier-free guidance needs cache='none'")
+    return n_blocks, steps
