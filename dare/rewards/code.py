@@ -1,20 +1,15 @@
-"""The ``code`` reward: extract the program from a completion, append the row's tests, run it in the sandbox;
-1.0 only if every test ran and passed, else 0.0 (missing code or tests -> 0). Test formats:
+"""The ``code`` reward: extract the program from a completion, run it against the row's tests in the sandbox; 1.0
+only if every test ran and passed, else 0.0 (missing code or tests -> 0). Test formats:
 
-* a JSON list of assert strings (MBPP): the asserts run after the program;
+* a JSON list of assert strings (MBPP): the asserts call the candidate's functions by name;
 * test source defining ``check(candidate)`` (HumanEval, EvalPlus): run the way the benchmark defines it,
-  ``prompt + completion + test + check(entry_point)``. The prompt's code (imports, helpers, signature) comes from
+  ``check(entry_point)`` after the prompt's code. The prompt's code (imports, helpers, signature) comes from
   ``extra_info["code_prompt"]`` or the row's last user message (the router hands the prompt messages over); the
   entry point from ``extra_info["entry_point"]`` or the last function the prompt defines (true of all 164
   HumanEval problems). A completion may restate the whole function or give only the body: both run.
 
-The reference's version (models-and-sampling §8, defect 15) ran the completion without the prompt and checked the
-first ``def``: completions relying on the prompt's imports, or defining a helper first, failed.
-
-"Every test ran": the tests run inside a harness that prints a per-job random token (handed over on stdin, never
-written into the program) after the last test; the job passes only if it exited 0 *and* printed the token, so
-``sys.exit(0)`` / ``os._exit(0)`` / ``SystemExit`` before the asserts score 0. Not defended: code that inspects
-the harness's frames to find the token, or returns objects whose ``__eq__`` is always true.
+The tests cannot be forged: they run in the judge (``code_judge.py``), a process apart from the candidate's code,
+which calls the candidate's functions through pipes and gets literal values back (README "Code sandbox").
 
 Extraction: a single fenced block is the program; with several, the first containing ``def``, else the last;
 no fence -> the completion itself (MBPP's ``[BEGIN] ... [DONE]`` markers are cut). ``if __name__ == "__main__":``
@@ -25,6 +20,7 @@ import ast
 import json
 import re
 import secrets
+from pathlib import Path
 
 from .base import RewardResult, reward
 from .sandbox import CodeJob, run
@@ -33,21 +29,7 @@ _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.S)
 _MAIN = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:.*?(?=^\S|\Z)", re.S | re.M)
 _DEF = re.compile(r"^def\s+(\w+)\s*\(", re.M)
 
-# Runs the tests in a fresh namespace and prints the token only after all of them; any exception (SystemExit
-# included) fails the job. os.write is bound before the program runs, so patching it changes nothing.
-_RUNNER = """\
-import os, sys, traceback
-def _dare_run(source):
-    token, write, exit = sys.stdin.readline().strip(), os.write, os._exit
-    try:
-        exec(compile(source, "solution.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    except SystemExit as e:
-        write(2, ("SystemExit(%r): the program exited before every test ran\\n" % (e.code,)).encode()); exit(1)
-    except BaseException:
-        write(2, traceback.format_exc().encode(errors="replace")); exit(1)
-    sys.stdout.flush()
-    write(1, ("\\n" + token + "\\n").encode()); exit(0)
-"""
+JUDGE = (Path(__file__).parent / "code_judge.py").read_text()
 
 
 def extract_code(completion: str) -> str | None:
@@ -83,49 +65,64 @@ def code_prompt(extra_info: dict) -> str:
     return ""
 
 
-def harness(code: str, tests: str, extra_info: dict | None = None) -> str | None:
-    """The program to run (solution, then its tests), or None when the tests are of no known format."""
+def judged(code: str, tests: str, extra_info: dict | None = None) -> dict | None:
+    """What the judge runs: the candidate's module, the dataset's own setup code, the tests and the entry point
+    (``check`` tests), or None when the tests are of no known format."""
     try:
         asserts = json.loads(tests)
     except (json.JSONDecodeError, TypeError):
         asserts = None
     if isinstance(asserts, list):
-        return code + "\n\n" + "\n".join(asserts) + "\n"
+        return {"candidate": code, "setup": "", "tests": "\n".join(asserts) + "\n", "entry": None}
     if "def check(" in tests:
         extra = extra_info or {}
         prompt = code_prompt(extra)
         entry = extra.get("entry_point") or (_DEF.findall(prompt) or _DEF.findall(code) or [None])[-1]
-        return None if entry is None else f"{prompt}\n{code}\n\n{tests}\n\ncheck({entry})\n"
+        if entry is None:
+            return None
+        return {"candidate": f"{prompt}\n{code}\n", "setup": prompt, "tests": tests, "entry": entry}
     return None
 
 
 def test_problem(tests: str, extra_info: dict) -> str | None:
-    """Why ``tests`` cannot judge any solution (no known format, or the program they make does not parse), or None."""
-    program = harness("pass", tests, extra_info)
-    if program is None:
+    """Why ``tests`` cannot judge any solution (no known format, or they or the prompt's code do not parse), or
+    None."""
+    payload = judged("pass", tests, extra_info)
+    if payload is None:
         return "tests of no known format"
-    try:
-        ast.parse(program)
-    except SyntaxError as e:
-        return f"tests do not parse ({e.msg})"
+    for part in ("setup", "tests", "candidate"):
+        try:
+            ast.parse(payload[part])
+        except SyntaxError as e:
+            return f"tests do not parse ({e.msg})"
     return None
 
 
-def run_tests(program: str, timeout: float = 10.0):
-    """Run ``program`` under the token harness: ``(passed, reason)``; passed only if it ran to its end."""
+def judge_job(payload: dict, timeout: float = 10.0) -> tuple[CodeJob, str]:
+    """The sandbox job that judges ``payload``, and the token its verdict must carry."""
     token = secrets.token_hex(16)
-    result = run(CodeJob(f"{_RUNNER}_dare_run({program!r})\n", timeout=timeout, stdin=token + "\n"))
-    finished = result.stdout.rstrip().endswith(token)
+    return CodeJob(f"{JUDGE}\nmain({payload!r})\n", timeout=timeout, stdin=token + "\n"), token
+
+
+def verdict(result, token: str) -> tuple[bool, str]:
+    """``(passed, reason)`` of a judge job's result: passed only with the judge's own ``PASS <token>``."""
+    finished = result.stdout.strip() == f"PASS {token}"
     if result.passed and not finished:
         return False, "error: the program ended before every test ran"
     return result.passed and finished, result.reason
 
 
+def run_tests(payload: dict, timeout: float = 10.0) -> tuple[bool, str]:
+    """Run ``payload``'s tests against its candidate in the sandbox: ``(passed, reason)``."""
+    job, token = judge_job(payload, timeout)
+    return verdict(run(job), token)
+
+
 @reward("code")
 def code_reward(completion: str, ground_truth: str, extra_info: dict | None = None, timeout: float = 10.0):
     code = extract_code(completion)
-    program = harness(code, ground_truth, extra_info) if code else None
-    if program is None:
+    payload = judged(code, ground_truth, extra_info) if code else None
+    if payload is None:
         return RewardResult(0.0, 0.0, "ERROR: no code" if code is None else "ERROR: unknown test format")
-    passed, reason = run_tests(program, timeout)
+    passed, reason = run_tests(payload, timeout)
     return RewardResult(float(passed), float(passed), reason)
