@@ -225,6 +225,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     from dare.trainers import fit
 
     set_seed(args.seed)
+    args.lora.validate()
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     build = TRAINERS[args.algo_config.trainer](args, config, tokenizer, family)  # its data, checks and engine

@@ -76,6 +76,7 @@ def main(args: Args):
     from dare.trainers.distributed import checkpointing_args, process_group_args
 
     set_seed(args.seed)
+    args.lora.validate()
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     sp = args.sequence_parallel
     if sp > 1 and (args.data.pad_to != "max_length" or args.data.max_length % sp):

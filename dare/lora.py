@@ -10,6 +10,12 @@ class LoraArgs:
     dropout: float = 0.0  # dropout on the LoRA input
     target_modules: str = "all-linear"  # or a comma-separated list, e.g. q_proj,v_proj
 
+    def validate(self) -> "LoraArgs":
+        if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError(f"lora needs rank >= 0 (0: full fine-tuning), alpha > 0 and 0 <= dropout < 1, got rank="
+                             f"{self.rank}, alpha={self.alpha}, dropout={self.dropout}")
+        return self
+
 
 def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
     """``model`` wrapped with trainable adapters (unchanged when ``lora.rank`` is 0)."""

@@ -125,6 +125,35 @@ def test_sft_reads_and_checks_its_data_before_the_weights_load(weightless, tmp_p
         train_sft.main(args)
 
 
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("steps", 0, "steps must be >= 1, got 0"), ("steps", -4, "steps must be >= 1, got -4"),
+    ("top_p", 1.5, "top_p must be > 0 and <= 1, got 1.5"), ("top_k", 0, "top_k must be >= 1, got 0"),
+    ("block_length", -8, "block_length must be >= 1, got -8"), ("threshold", 1.2, "threshold must be >= 0 and <= 1"),
+    ("factor", 0.0, "factor must be > 0, got 0.0"), ("cfg_scale", -1.0, "cfg_scale must be >= 0, got -1.0")])
+def test_out_of_range_knobs_are_refused_before_the_weights_load(weightless, data, tmp_path, knob, value, message):
+    """A decoding knob outside its range (accepted before: --steps 0 or -4 decoded nothing, --top-p 1.5 sampled as
+    1) is one error naming it, before the weights load, in every script."""
+    with pytest.raises(ValueError, match=f"rollout: {message}"):
+        train_rl.main(rl_args(data, tmp_path, model=weightless["llada"], **{f"rollout__{knob}": value}))
+    import evaluate
+    with pytest.raises(ValueError, match=f"sampling: {message}"):
+        evaluate.main(parse(evaluate.Args, ["--model", weightless["llada"], "--prompt", "hi",
+                                            f"--{knob.replace('_', '-')}", str(value)],
+                            config=(evaluate.tyro.conf.OmitArgPrefixes,)))
+
+
+@pytest.mark.parametrize("knob, value", [("rank", -4), ("alpha", 0), ("dropout", 1.0)])
+def test_lora_knobs_out_of_range_are_refused(weightless, data, tmp_path, knob, value):
+    """--lora.rank -4 trained every weight without a word (rank <= 0 meant full fine-tuning); now an error."""
+    with pytest.raises(ValueError, match=f"lora needs rank >= 0 .* got rank=.*{knob}={value}|lora needs .*{knob}="):
+        train_rl.main(rl_args(data, tmp_path, model=weightless["llada"], **{f"lora__{knob}": value}))
+    args = train_sft.Args(model=weightless["llada"], output_dir=str(tmp_path / "sft"), max_steps=1)
+    setattr(args.lora, knob, value)
+    with pytest.raises(ValueError, match="lora needs rank >= 0"):
+        train_sft.main(args)
+
+
 HEAVY = ("transformers", "datasets", "peft", "trl", "accelerate", "deepspeed")
 
 PROBE = """

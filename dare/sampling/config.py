@@ -81,6 +81,19 @@ class SamplingConfig:
             raise ValueError(f"gen_length must be positive, got {self.gen_length}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        # knob: (value, lowest, highest, the lowest itself excluded)
+        ranges = {"block_length": (self.block_length, 1, None, False), "steps": (self.steps, 1, None, False),
+                  "top_k": (self.top_k, 1, None, False), "top_p": (self.top_p, 0, 1, True),
+                  "threshold": (self.threshold, 0, 1, False), "factor": (self.factor, 0, None, True),
+                  "eps": (self.eps, 0, 1, True), "alg_temp": (self.alg_temp, 0, None, True),
+                  "editing_threshold": (self.editing_threshold, 0, 1, False),
+                  "max_post_steps": (self.max_post_steps, 0, None, False),
+                  "cfg_scale": (self.cfg_scale, 0, None, False)}
+        for knob, (value, low, high, open_low) in ranges.items():
+            too_low = value is not None and (value < low or (open_low and value == low))
+            if too_low or (value is not None and high is not None and value > high):
+                bounds = f"{'>' if open_low else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+                raise ValueError(f"{knob} must be {bounds}, got {value}")
         if self.threshold is not None and self.factor is not None:
             raise ValueError("Set either threshold or factor, not both.")
         if self.remasking == "origin" and self.schedule != "dream":
