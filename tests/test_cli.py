@@ -129,7 +129,7 @@ def test_sft_reads_and_checks_its_data_before_the_weights_load(weightless, tmp_p
 @pytest.mark.parametrize("knob, value, message", [
     ("steps", 0, "steps must be >= 1, got 0"), ("steps", -4, "steps must be >= 1, got -4"),
     ("top_p", 1.5, "top_p must be > 0 and <= 1, got 1.5"), ("top_k", 0, "top_k must be >= 1, got 0"),
-    ("block_length", -8, "block_length must be >= 1, got -8"), ("threshold", 1.2, "threshold must be >= 0 and <= 1"),
+    ("block_length", -8, "block_length must be >= 1, got -8"), ("threshold", -0.1, "threshold must be >= 0, got -0.1"),
     ("factor", 0.0, "factor must be > 0, got 0.0"), ("cfg_scale", -1.0, "cfg_scale must be >= 0, got -1.0")])
 def test_out_of_range_knobs_are_refused_before_the_weights_load(weightless, data, tmp_path, knob, value, message):
     """A decoding knob outside its range (accepted before: --steps 0 or -4 decoded nothing, --top-p 1.5 sampled as

@@ -62,7 +62,7 @@ def test_rl_recipe_parses(path):
     args.algo_config.validate(fam)
     args.rollout.resolve(fam).validate()
     args.validation.over(args.rollout).resolve(fam).validate()
-    if getattr(type(args.algo_config), "offline", False):  # preference pairs, usually a hub name: not checked
+    if args.algo_config.trainer == "preference":  # preference pairs, usually a hub name: not checked
         assert args.preference.path and args.preference.chosen_key and args.preference.rejected_key
         return
     assert args.save_steps % args.algo_config.cycle == 0

@@ -8,8 +8,10 @@ from dare.algos import get_algorithm
 from dare.algos.core import clipped_token_loss, group_advantages, kl_estimate, token_mean
 from dare.likelihood import MeanField, estimator, rollout_attention
 from dare.models import Family, tiny
+from dare.sampling import SamplingConfig
 
 FAMILIES = ("llada", "dream", "sdar", "sdar_moe", "llada2")
+SAMPLING = SamplingConfig(gen_length=8)  # the rollout decoding the algorithm plans for
 
 
 @pytest.mark.parametrize("kind,expected", [("grpo", [0.866024, -0.866024, -0.866024, 0.866024]),
@@ -101,11 +103,11 @@ def test_d1_first_pass_ratio_is_one_and_gradient_is_reinforce(family_name):
     model, fam, batch = rollout(family_name)
     model = model.double().train()
     d1 = get_algorithm("d1")().validate(fam)
-    noise = d1.corrupt(fam, batch, torch.Generator().manual_seed(3))
+    noise = d1.corrupt(fam, batch, torch.Generator().manual_seed(3), SAMPLING)
     batch["advantages"] = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=torch.float64)
     with torch.no_grad():
-        old = d1.score(model, fam, batch, noise).logp
-    estimate = d1.score(model, fam, batch, noise)
+        old = d1.score(model, fam, batch, noise, SAMPLING).logp
+    estimate = d1.score(model, fam, batch, noise, SAMPLING)
     assert torch.equal(estimate.logp.detach(), old)
     mask = batch["completion_mask"]
     loss, stats = d1.loss(estimate, batch, old, None, mask.sum())
@@ -125,7 +127,7 @@ def test_identical_rewards_give_zero_loss_and_gradient():
     model = model.double()
     d1 = get_algorithm("d1")()
     batch["advantages"] = d1.advantages(torch.full((4,), 0.7, dtype=torch.float64), 4)
-    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0)))
+    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0), SAMPLING), SAMPLING)
     loss, _ = d1.loss(estimate, batch, estimate.logp.detach(), None, batch["loss_mask"].sum())
     loss.backward()
     assert loss.item() == 0.0 and all(p.grad is None or not p.grad.any() for p in model.parameters())
@@ -135,7 +137,7 @@ def test_kl_term_is_zero_against_itself_and_positive_after_a_change():
     model, fam, batch = rollout("llada")
     d1 = get_algorithm("d1")(beta=0.5)
     batch["advantages"] = torch.zeros(4)
-    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0)))
+    estimate = d1.score(model, fam, batch, d1.corrupt(fam, batch, torch.Generator().manual_seed(0), SAMPLING), SAMPLING)
     logp = estimate.logp.detach()
     loss, stats = d1.loss(estimate, batch, logp, logp, batch["loss_mask"].sum())
     assert loss.item() == 0.0 and stats["kl"][0] == 0.0

@@ -84,9 +84,9 @@ class SamplingConfig:
         # knob: (value, lowest, highest, the lowest itself excluded)
         ranges = {"block_length": (self.block_length, 1, None, False), "steps": (self.steps, 1, None, False),
                   "top_k": (self.top_k, 1, None, False), "top_p": (self.top_p, 0, 1, True),
-                  "threshold": (self.threshold, 0, 1, False), "factor": (self.factor, 0, None, True),
+                  "threshold": (self.threshold, 0, None, False), "factor": (self.factor, 0, None, True),
                   "eps": (self.eps, 0, 1, True), "alg_temp": (self.alg_temp, 0, None, True),
-                  "editing_threshold": (self.editing_threshold, 0, 1, False),
+                  "editing_threshold": (self.editing_threshold, 0, None, False),
                   "max_post_steps": (self.max_post_steps, 0, None, False),
                   "cfg_scale": (self.cfg_scale, 0, None, False)}
         for knob, (value, low, high, open_low) in ranges.items():
