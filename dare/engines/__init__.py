@@ -24,11 +24,6 @@ def make_engine(name: str, model_name: str, tokenizer, family, **kwargs) -> Engi
     return get_engine(name).open(model_name, tokenizer, family, **kwargs)
 
 
-def make_server(name: str, model_name: str, tokenizer, family, **kwargs):
-    """A trainer's server of engine ``name`` (see ``Engine.server``)."""
-    return get_engine(name).server(model_name, tokenizer, family, **kwargs)
-
-
 def with_engine_options(cls: type) -> type:
     """``cls`` (a script's arguments) with a section per registered engine that has options, named after it
     (``--sglang.mem-fraction``)."""
@@ -45,4 +40,4 @@ def engine_options(args, name: str):
 
 
 __all__ = ["ENGINES", "Engine", "HFEngine", "InProcessEngine", "Rollout", "check_decoding", "engine_options",
-           "get_engine", "known_engines", "make_engine", "make_server", "register_engine", "with_engine_options"]
+           "get_engine", "known_engines", "make_engine", "register_engine", "with_engine_options"]
