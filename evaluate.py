@@ -10,6 +10,8 @@
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
     python evaluate.py --model JetLM/SDAR-8B-Chat --engine sglang --bench gsm8k --threshold 0.9   # SGLang's environment
+    python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --protocol d1 --bench gsm8k,math500,countdown,sudoku \
+        --data-dir ../shared/data/rl/test --gen-length 256   # d1's published protocol (README "Reproducing")
 
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
 folder or ``tiny:<family>``; ``--config`` YAML files set the defaults. Benchmarks are scored by the RL rewards
@@ -30,6 +32,7 @@ import tyro
 
 from dare.config import parse, run
 from dare.engines import check_decoding, engine_options, get_engine, make_engine, with_engine_options
+from dare.eval.protocols import get_protocol
 from dare.sampling import SamplingConfig
 
 # Only what the flags need is imported here, so that --help answers at once; the rest inside the functions below.
@@ -55,6 +58,10 @@ class Args:
     # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated
     # task>
     bench: str | None = None
+    # how prompts are written, answers read, decoding set and results counted: dare | d1 (d1's zero-shot scripts;
+    # `python -m dare.eval.protocols` lists every value and its source). A protocol's decoding settings fill the
+    # knobs left at their defaults
+    protocol: str = "dare"
     # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub
     data_dir: str | None = None
     limit: int | None = None  # first N prompts of each benchmark
@@ -97,15 +104,19 @@ def process_state():
     return PartialState(cpu=not torch.cuda.is_available())
 
 
+def benches(args: Args) -> list[str]:
+    return [b.strip() for b in args.bench.split(",") if b.strip()]
+
+
 def run_benchmarks(args: Args, engine) -> dict:
     from dare.eval import harness
 
     try:
         return harness.evaluate_benchmarks(
-            engine, [b.strip() for b in args.bench.split(",") if b.strip()], args.sampling, Path(args.output_dir),
-            data_dir=args.data_dir, limit=args.limit, samples=args.samples, pass_k=args.pass_k,
-            batch_size=args.batch_size, seed=args.seed, model_name=args.model, state=process_state(),
-            overwrite=args.overwrite)
+            engine, benches(args), args.sampling, Path(args.output_dir), data_dir=args.data_dir, limit=args.limit,
+            samples=args.samples, pass_k=args.pass_k, batch_size=args.batch_size, seed=args.seed,
+            model_name=args.model, state=process_state(), overwrite=args.overwrite,
+            protocol=get_protocol(args.protocol))
     except harness.StaleSamples as e:
         raise SystemExit(str(e)) from None
 
@@ -120,6 +131,13 @@ def main(args: Args):
     if not args.model:
         raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
     kind = get_engine(args.engine)
+    protocol = get_protocol(args.protocol)
+    if args.bench:
+        for bench in benches(args):
+            protocol.task(bench)  # a benchmark the protocol does not cover fails before anything loads
+        args = replace(args, sampling=protocol.sampling(args.sampling))
+    elif args.protocol != "dare":
+        raise ValueError("--protocol applies to --bench runs")
     config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
     check_decoding(kind, args.sampling, family, "sampling", 0, max_positions(config))
     if (args.show_order or args.trajectory) and not kind.own_samplers:

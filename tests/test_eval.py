@@ -60,6 +60,7 @@ def test_scoring_is_exact_on_known_outputs(tmp_path):
     assert summary["accuracy"] == pytest.approx(4 / 9) and summary["pass@1"] == pytest.approx(4 / 9)
     assert summary["pass@2"] == pytest.approx((1 + harness.pass_at_k(3, 1, 2) + 0) / 3)
     assert summary["tokens_per_s"] == pytest.approx(9 * 4 / 0.5) and summary["forwards_per_token"] == 1.0
+    assert summary["examples_per_s"] == pytest.approx(9 / 0.5)
     first = next(r for r in records if r["index"] == 1 and r["sample"] == 1)
     assert first["pred"] == truths[1] and first["correct"] == 1.0 and "What is" in first["prompt"]
 
@@ -97,6 +98,7 @@ def test_resumed_speed_counts_only_this_runs_batches(tmp_path):
     summary = harness.summarize(list(records.values()), decoded=decoded)
     assert summary["decoded"] == 2 and summary["reused"] == 2 and summary["samples"] == 4
     assert summary["tokens_per_s"] == pytest.approx(2 * 4 / 2.0) and summary["forwards_per_token"] == 1.0
+    assert summary["examples_per_s"] == pytest.approx(2 / 2.0)
     nothing = harness.summarize(list(records.values()), decoded=dict.fromkeys(("decoded", *harness.SPEED), 0))
     assert nothing["reused"] == 4 and nothing["tokens_per_s"] is None and nothing["forwards_per_token"] is None
     assert "| — |" in report.markdown({"b": nothing})
@@ -140,7 +142,7 @@ def test_another_model_or_sampling_is_refused_and_overwrite_recomputes(tmp_path)
     again = evaluate(tmp_path / "a", sdar, "tiny:sdar", overwrite=True, temperature=1.0)
     fresh = evaluate(tmp_path / "b", sdar, "tiny:sdar", temperature=1.0)
     assert again["decoded"] == fresh["decoded"] == 4 and again["reused"] == 0
-    speed = ("tokens_per_s", "forwards_per_token")
+    speed = ("tokens_per_s", "examples_per_s", "forwards_per_token")
     assert {k: v for k, v in again.items() if k not in speed} == {k: v for k, v in fresh.items() if k not in speed}
     assert same_samples(tmp_path / "a", tmp_path / "b")
     reports = [json.loads((tmp_path / f / "report.json").read_text()) for f in "ab"]

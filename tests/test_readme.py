@@ -152,3 +152,17 @@ def test_local_copy_commands_run_as_written(script, tmp_path):
     res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_reproduction_table_is_generated_and_measures_nothing_by_hand():
+    """The README's reproduction table is bench/reproduce.py's, with an empty "DARE measured" column (only a GPU run
+    of the commands fills it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "bench" / "reproduce.py")
+    reproduce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reproduce)
+    assert reproduce.table({}) in README
+    assert all(row.source for row in reproduce.ROWS)
+    for row in reproduce.ROWS:
+        for script in re.findall(r"python ([\w/]+\.py)", row.command) + re.findall(r"--config (\S+)", row.command):
+            assert (ROOT / script).exists(), script

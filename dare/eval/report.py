@@ -4,8 +4,8 @@ import json
 import os
 from pathlib import Path
 
-COLUMNS = ("prompts", "samples", "decoded", "reused", "accuracy", "pass@1", "tokens_per_s", "forwards_per_token",
-           "mean_length")
+COLUMNS = ("prompts", "samples", "decoded", "reused", "metric", "value", "accuracy", "pass@1", "tokens_per_s",
+           "examples_per_s", "forwards_per_token", "mean_length")
 
 
 def markdown(summaries: dict, title: str = "") -> str:
@@ -21,7 +21,8 @@ def markdown(summaries: dict, title: str = "") -> str:
 
 
 def write_report(folder: Path, summaries: dict, meta: dict) -> str:
-    text = markdown(summaries, meta.get("model", ""))
+    title = meta.get("model", "") + (f" ({meta['protocol']} protocol)" if meta.get("protocol") else "")
+    text = markdown(summaries, title.strip())
     if "fp" in meta:
         text += (f"\nSamples made under fingerprint {meta['fp']} (fingerprint.json). Speed covers only the samples "
                  "decoded by this run.\n")

@@ -4,9 +4,9 @@ Every reward is ``fn(completion, ground_truth, extra_info=None) -> RewardResult`
 ``@reward("name")``. Recipes name rewards (optionally with weights, see :func:`combine`); a row without an
 explicit choice gets :func:`score_for_source`'s default, which mirrors DARE's dispatch (models-and-sampling §6.2).
 
-Known names: math, math_answer_tag, gsm8k (``dare.rewards.math``); countdown, sudoku (``dare.rewards.puzzles``);
-format_strict, format_soft, format_xml_count (``dare.rewards.format``); code (``dare.rewards.code``, run in the
-sandbox of ``dare.rewards.sandbox``).
+Known names: math, math_answer_tag, math_or_tag, gsm8k, gsm8k_or_tag (``dare.rewards.math``); countdown, sudoku
+(``dare.rewards.puzzles``); format_strict, format_soft, format_xml_count (``dare.rewards.format``); code
+(``dare.rewards.code``, run in the sandbox of ``dare.rewards.sandbox``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Math rewards: the last ``\\boxed{}`` answer (DARE's default), an ``<answer>``-tag variant, and a GSM8K one.
+"""Math rewards: the last ``\\boxed{}`` answer (DARE's default), ``<answer>``-tag variants, and GSM8K's number reading.
 
 Binary rewards, no format term. Equivalence = a fast normalised string check, then ``math_verify`` (parse +
 verify). math_verify's timeouts use ``signal.alarm``, which only works in the main thread, so they are enabled
@@ -35,6 +35,11 @@ def last_boxed(text: str) -> str | None:
 
 
 def last_answer_tag(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>`` span; a last ``<answer>`` left open runs to the end of the text
+    (the model ended its turn inside the span, the way d1's parser reads up to the end-of-turn token)."""
+    opened = text.rfind("<answer>")
+    if opened >= 0 and "</answer>" not in text[opened:]:
+        return text[opened + len("<answer>"):]
     spans = _ANSWER.findall(text)
     return spans[-1] if spans else None
 
@@ -91,19 +96,64 @@ def math_answer_tag(completion: str, ground_truth: str, extra_info: dict | None 
     return _score(span, _gold(ground_truth))
 
 
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?|-?\.\d+")
+_UNIT_TEXT = re.compile(r"[A-Za-z%°'’\s.:,;!?()/-]*")
+
+
+def read_number(answer: str) -> str:
+    """The number a short GSM8K-style answer states, as text: ``\\$1,234.50`` -> ``1234.50``, ``800 ml`` -> ``800``,
+    ``x = -5`` -> ``-5``, ``5 \\times 3 = 15`` -> ``15``. An answer that is not one number with unit words around
+    it (``3 or 4``, ``\\frac{3}{4}``) comes back cleaned but whole, for ``is_equiv`` to judge."""
+    text = re.sub(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}|\\?\.?boxed\s*\{([^{}]*)\}", r"\1\2", answer)
+    for old, new in (("\\$", ""), ("$", ""), ("\\%", "%"), ("\\,", ""), ("\\!", ""), ("\\ ", " ")):
+        text = text.replace(old, new)
+    text = _THOUSANDS.sub("", text).strip()
+    if "=" in text:
+        text = text.rsplit("=", 1)[1].strip()  # the value stated last
+    numbers = _NUMBER.findall(text)
+    if len(numbers) == 1 and _UNIT_TEXT.fullmatch(_NUMBER.sub(" ", text, count=1)) and "\\" not in text:
+        return numbers[0]
+    return text.rstrip(".").strip()
+
+
 def _gsm8k_number(text: str) -> str:
-    return text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+    return read_number(text.strip())
+
+
+def _hashes_or_box(completion: str) -> str | None:
+    """The answer after the last ``####`` or in the last box, whichever comes later in the text."""
+    hashes = completion.rfind("####")
+    box = [m.start() for m in _BOX.finditer(completion)]
+    if hashes >= 0 and (not box or hashes > box[-1]):
+        return completion[hashes + 4:].strip().split("\n")[0] or None
+    box = last_boxed(completion)
+    return None if box is None or not box.strip(" .") else box  # an empty or "..." box states nothing
+
+
+def _gsm8k_gold(ground_truth: str) -> str:
+    return read_number(ground_truth.split("####")[-1] if "####" in ground_truth else _gold(ground_truth))
 
 
 @reward("gsm8k")
 def gsm8k(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
-    """GSM8K: the answer after the last ``####`` or in the last box, whichever comes later in the text."""
-    hashes = completion.rfind("####")
-    box = [m.start() for m in _BOX.finditer(completion)]
-    if hashes >= 0 and (not box or hashes > box[-1]):
-        pred = _gsm8k_number(completion[hashes + 4:].strip().split("\n")[0])
-        pred = pred or None
-    else:
-        pred = last_boxed(completion)
-    gold = ground_truth.split("####")[-1] if "####" in ground_truth else _gold(ground_truth)
-    return _score(pred, _gsm8k_number(gold))
+    """GSM8K: the number after the last ``####`` or in the last box (whichever comes later), unit words, currency
+    signs and thousands separators dropped (``read_number``)."""
+    pred = _hashes_or_box(completion)
+    return _score(None if pred is None else read_number(pred), _gsm8k_gold(ground_truth))
+
+
+@reward("gsm8k_or_tag")
+def gsm8k_or_tag(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """``gsm8k``, and without a box or ``####`` the number in the last ``<answer>`` span (d1's prompt asks for the
+    box inside the tags; its models often leave the box out)."""
+    pred = _hashes_or_box(completion)
+    pred = last_answer_tag(completion) if pred is None else pred
+    return _score(None if pred is None else read_number(pred), _gsm8k_gold(ground_truth))
+
+
+@reward("math_or_tag")
+def math_or_tag(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """``math``, and without a box the last ``<answer>`` span."""
+    pred = last_boxed(completion)
+    return _score(last_answer_tag(completion) if pred is None else pred, _gold(ground_truth))
