@@ -84,7 +84,10 @@ class Args:
     # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
-    resume: bool = False  # continue from the newest complete checkpoint in output_dir
+    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
+    # "Resume": what may change)
+    resume: bool = False
+    resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
     log_completions: int = 2  # completions per rollout written to output_dir/completions.jsonl (0: none)
 
@@ -222,17 +225,18 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
 
     from dare.lora import apply_lora
     from dare.models.loading import load_config, load_weights
-    from dare.trainers import fit
+    from dare.trainers import fit, resume_from
 
     set_seed(args.seed)
     args.lora.validate()
+    checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     build = TRAINERS[args.algo_config.trainer](args, config, tokenizer, family)  # its data, checks and engine
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
     trainer = build(apply_lora(model, args.lora, args.gradient_checkpointing))
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
-    return fit(trainer, args.resume, merged)
+    return fit(trainer, checkpoint, merged, settings=args)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,10 @@ class Args:
     # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
-    resume: bool = False  # continue from the newest complete checkpoint in output_dir
+    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
+    # "Resume": what may change)
+    resume: bool = False
+    resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
 
 
@@ -72,11 +75,12 @@ def main(args: Args):
     from dare.data.sft import tokenize_dataset
     from dare.lora import apply_lora
     from dare.models.loading import load_config, load_weights, max_positions
-    from dare.trainers import DiffusionSFTTrainer, fit
+    from dare.trainers import DiffusionSFTTrainer, fit, resume_from
     from dare.trainers.distributed import checkpointing_args, process_group_args
 
     set_seed(args.seed)
     args.lora.validate()
+    checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     sp = args.sequence_parallel
     if sp > 1 and (args.data.pad_to != "max_length" or args.data.max_length % sp):
@@ -118,7 +122,7 @@ def main(args: Args):
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
                                   console=args.console)
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
-    return fit(trainer, args.resume, merged)
+    return fit(trainer, checkpoint, merged, settings=args)
 
 
 def held_out_generation(args: Args, tokenizer, family, positions: int | None) -> tuple:

@@ -84,12 +84,14 @@ def crash_and_rerun(folder, seconds):
 def test_rerun_repairs_a_cut_line_and_regenerates_only_the_unfinished_batch(tmp_path):
     full, engine, _, records = crash_and_rerun(tmp_path, 0.5)
     assert engine.calls == 1  # only the unfinished batch, regenerated whole
-    # the cut line is gone, not glued to the next record; the second batch's first record is there twice, the same
-    assert (tmp_path / "samples.0.jsonl").read_text().splitlines() == full[:3] + full[2:]
+    # the cut line is gone, not glued to the next record; the second batch's first record is not written twice
+    lines = (tmp_path / "samples.0.jsonl").read_text().splitlines()
+    assert lines[:3] == full[:3] and len(lines) == 4
+    assert [json.loads(line)["index"] for line in lines] == [0, 1, 2, 3]
     assert sorted(records) == [(i, 0) for i in range(4)] and all(r["correct"] == 1.0 for r in records.values())
     with (tmp_path / "samples.0.jsonl").open("a") as f:
         f.write("not a record\n" + full[0] + "\n")
-    with pytest.raises(harness.StaleSamples, match=r"samples.0.jsonl:6 is not a sample record"):
+    with pytest.raises(harness.StaleSamples, match=r"samples.0.jsonl:5 is not a sample record"):
         harness.read_records(tmp_path)  # a damaged line inside the file is never skipped silently
 
 

@@ -173,6 +173,8 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
             finished = zip(expanded, rollout.texts, results, lengths, strict=True)
             for j, (row, text, result, tokens) in enumerate(finished):
                 index, sample = batch[j // samples], j % samples
+                if (index, sample) in done:
+                    continue  # its record survived the crash: the batch is decoded whole, its records written once
                 share = tokens / total
                 f.write(json.dumps({"bench": bench, "index": index, "sample": sample, "source": row["data_source"],
                                     "prompt": prompt_text(row["prompt"]), "output": text, "pred": result.pred,

@@ -1,18 +1,33 @@
-"""Crash-safe checkpoints: a checkpoint counts only once its completion marker exists.
+"""Crash-safe checkpoints: a checkpoint counts only once its completion marker exists, and a resume honours it.
 
 transformers' Trainer writes ``checkpoint-N/`` file by file; a crash mid-write would leave a folder that looks
 like a checkpoint. We write ``checkpoint-N/COMPLETE`` last, atomically (temp file + rename, after every rank has
 saved), and resume only from folders that have it.
+
+Each checkpoint also holds the script's settings (``dare_settings.json``). ``resume_from`` (called before the weights
+load) refuses a resume whose settings differ from the checkpoint's, naming each field, except those a resumed run
+honours as given (``MAY_CHANGE``: the planned length, logging, checkpoint cadence, validation cadence, console);
+a longer ``--max-steps`` trains the extra steps (the learning-rate schedule is laid out again over the new length).
 """
 
+import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
+
+import torch
 
 from ..lora import export_merged
 
 COMPLETE = "COMPLETE"
+SETTINGS = "dare_settings.json"
+WINDOW = "dare_log_window"  # + .<process>.json: the loss not yet logged when the checkpoint was written
+# settings a resumed run takes as given (the last part of a field's dotted name)
+MAY_CHANGE = {"max_steps", "num_train_epochs", "logging_steps", "save_steps", "save_total_limit", "report_to",
+              "console", "resume", "resume_must", "eval_steps", "eval_on_start", "log_completions", "export_merged",
+              "reward_workers", "output_dir", "config"}
 
 
 def mark_complete(folder: str) -> None:
@@ -31,19 +46,102 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
 
 
 class CompleteCheckpoints:
-    """Trainer mixin: mark every checkpoint complete once all ranks have written it."""
+    """Trainer mixin: write the run's settings (``run_settings``, set by ``fit``) into every checkpoint and mark it
+    complete once all ranks have written it."""
+
+    run_settings: dict | None = None
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # The optimiser state brings back the learning rate the old schedule had reached (0 at the end of a finished
+        # run); this run's schedule (laid out over its own --max-steps) sets it again at the checkpoint's step. With
+        # an unchanged length it is the same number.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        schedule = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # accelerate wraps it
+        if checkpoint is not None and isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+            rates = [base * fn(schedule.last_epoch) for base, fn in zip(schedule.base_lrs, schedule.lr_lambdas,
+                                                                         strict=True)]
+            for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+                group["lr"] = rate
+            schedule._last_lr = rates
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        # this process's loss summed since the last logged step: the resumed run logs the uninterrupted run's mean
+        window = {"loss": float(self._tr_loss), "last_logged": self._globalstep_last_logged}
+        Path(folder, f"{WINDOW}.{self.args.process_index}.json").write_text(json.dumps(window))
+        self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            mark_complete(os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"))
+            if self.run_settings is not None:
+                Path(folder, SETTINGS).write_text(json.dumps(self.run_settings, indent=1, sort_keys=True))
+            mark_complete(folder)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)  # called once per resume, after Trainer reset its logging window
+        path = Path(checkpoint, f"{WINDOW}.{self.args.process_index}.json") if checkpoint else None
+        if path is not None and path.exists():
+            window = json.loads(path.read_text())
+            self._tr_loss += window["loss"]
+            self._globalstep_last_logged = window["last_logged"]
 
 
-def finished(checkpoint: str) -> bool:
-    """The checkpoint is the end of its run (its step reached the run's planned number of steps)."""
+def flat_settings(args) -> dict:
+    """A script's arguments (a dataclass, nested sections included) as ``{"section.field": JSON value}``."""
+    out = {}
+
+    def walk(value, prefix):
+        if dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name), f"{prefix}{f.name}.")
+        else:
+            out[prefix[:-1]] = json.loads(json.dumps(value, default=str))
+
+    walk(args, "")
+    return out
+
+
+def settings_diff(saved: dict, now: dict) -> list[str]:
+    """The fields (other than ``MAY_CHANGE``) whose values differ, as ``name=saved (now: value)``."""
+    names = sorted(set(saved) | set(now))
+    return [f"{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in names
+            if k.rsplit(".", 1)[-1] not in MAY_CHANGE and saved.get(k) != now.get(k)]
+
+
+def resume_from(output_dir: str, args, must: bool = False) -> str | None:
+    """The checkpoint a ``--resume`` continues from (None: there is none, said on stderr; with ``must`` an error),
+    refused when it was made with other settings than ``args`` (see the module docstring). Call it before the
+    weights load."""
+    checkpoint = latest_complete_checkpoint(output_dir)
+    if checkpoint is None:
+        if must:
+            raise FileNotFoundError(f"--resume-must: {output_dir} has no complete checkpoint to resume from")
+        print(f"warning: --resume: no complete checkpoint in {output_dir}; starting from scratch", file=sys.stderr)
+        return None
+    path = Path(checkpoint, SETTINGS)
+    if not path.exists():
+        print(f"warning: --resume: {checkpoint} records no settings (an older DARE); they are not checked",
+              file=sys.stderr)
+        return checkpoint
+    try:
+        saved = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not readable JSON ({e}): a damaged checkpoint") from None
+    diff = settings_diff(saved, flat_settings(args))
+    if diff:
+        shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+        raise ValueError(f"--resume: {checkpoint} was made with other settings: {shown}. Resume with the "
+                         f"checkpoint's values, or start a new --output-dir")
+    return checkpoint
+
+
+def finished(checkpoint: str, max_steps: int = -1) -> bool:
+    """The checkpoint is the end of the run: its step reached ``max_steps`` (> 0: this run's plan), or else the
+    planned number of steps of the run that wrote it."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    return 0 < state.get("max_steps", 0) <= state["global_step"]
+    planned = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return 0 < planned <= state["global_step"]
 
 
 def validated(checkpoint: str) -> bool:
@@ -53,18 +151,17 @@ def validated(checkpoint: str) -> bool:
                for h in state.get("log_history", []))
 
 
-def fit(trainer, resume: bool = False, merged_dir: str | None = None):
-    """Train (with ``resume``: from the newest complete checkpoint), save the final model to ``output_dir`` and,
-    for a LoRA model with ``merged_dir``, a merged plain-HF copy there. Resuming a run whose last checkpoint is its
-    final step trains nothing: the checkpoint's weights are exported again."""
+def fit(trainer, checkpoint: str | None = None, merged_dir: str | None = None, settings=None):
+    """Train (from ``checkpoint``, ``resume_from``'s answer, when given), save the final model to ``output_dir``
+    and, for a LoRA model with ``merged_dir``, a merged plain-HF copy there; every checkpoint records ``settings``
+    (the script's arguments). Resuming a run whose checkpoint is already at this run's last step trains nothing:
+    the checkpoint's weights are exported again."""
     output_dir = trainer.args.output_dir
-    checkpoint = latest_complete_checkpoint(output_dir) if resume else None
-    if resume and checkpoint is None:
-        print(f"--resume: no complete checkpoint in {output_dir}; starting from scratch")
+    trainer.run_settings = flat_settings(settings) if settings is not None else None
     if checkpoint and trainer.args.eval_on_start and validated(checkpoint):
         trainer.args.eval_on_start = False  # validating that step again would log it twice
-    if checkpoint and finished(checkpoint):
-        print(f"--resume: {checkpoint} is the last step of a finished run; exporting it, training nothing")
+    if checkpoint and finished(checkpoint, trainer.args.max_steps):
+        print(f"--resume: {checkpoint} is the last step of this run; exporting it, training nothing")
         trainer._load_from_checkpoint(checkpoint)
     else:
         trainer.train(resume_from_checkpoint=checkpoint)
