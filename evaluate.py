@@ -121,10 +121,33 @@ def run_benchmarks(args: Args, engine) -> dict:
         raise SystemExit(str(e)) from None
 
 
+def check_modes(args: Args) -> None:
+    """Flags that contradict each other, or a count out of range, as one line before anything loads."""
+    if args.compare and (args.model or args.bench or args.prompt is not None):
+        raise ValueError("--compare reads finished reports: drop --model/--bench/--prompt (or run them separately)")
+    if args.plot and not args.compare:
+        raise ValueError("--plot draws a --compare chart: give --compare A/report.json B/report.json ...")
+    if args.prompt is not None and args.bench:
+        raise ValueError("--prompt (one answer) and --bench (benchmarks) are two modes: give one of them")
+    for name in ("limit", "samples", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if any(k < 1 for k in args.pass_k):
+        raise ValueError(f"--pass-k values must be at least 1 (got {args.pass_k})")
+    if args.bench:
+        from dare.eval.benchmarks import BENCHMARKS
+        for bench in benches(args):
+            n = args.samples or (BENCHMARKS[bench].samples if bench in BENCHMARKS else 1)
+            if max(args.pass_k) > n:
+                raise ValueError(f"--pass-k {max(args.pass_k)} needs at least that many samples per prompt; {bench} "
+                                 f"has {n}: add --samples {max(args.pass_k)}")
+
+
 def main(args: Args):
     from dare.eval import report
     from dare.models.loading import load_config, load_weights, max_positions
 
+    check_modes(args)
     if args.compare:
         print(report.compare(args.compare, args.plot))
         return
@@ -156,13 +179,22 @@ def main(args: Args):
         engine.close()
 
 
+def utf8(text: str, what: str) -> str:
+    """``text`` if it is valid UTF-8 (a terminal in another encoding gives Python undecodable bytes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid UTF-8 text (set your terminal or file to UTF-8)") from None
+    return text
+
+
 def serve(args: Args, engine, family):
     if args.bench:
         run_benchmarks(args, engine)
         return
-    history = [{"role": "system", "content": args.system}] if args.system else []
+    history = [{"role": "system", "content": utf8(args.system, "--system")}] if args.system else []
     if args.prompt is not None:
-        answer(engine, history + [{"role": "user", "content": args.prompt}], args)
+        answer(engine, history + [{"role": "user", "content": utf8(args.prompt, "--prompt")}], args)
         return
     print(f"Chatting with {args.model} ({family.name}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
@@ -172,7 +204,11 @@ def serve(args: Args, engine, family):
             break
         if not line:
             break
-        history.append({"role": "user", "content": line})
+        try:
+            history.append({"role": "user", "content": utf8(line, "the input line")})
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            continue
         history.append({"role": "assistant", "content": answer(engine, history, args)})
 
 

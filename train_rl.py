@@ -65,7 +65,7 @@ class Args:
     warmup_steps: float = 0.0  # < 1: fraction of the training steps
     max_steps: int = -1  # optimiser steps (a rollout every num_iterations x mini_batches of them); > 0 overrides epochs
     num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
-    bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
+    bf16: bool = False  # bf16 autocast around fp32 master weights (a GPU that has it; elsewhere fp32, with a note)
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-
@@ -148,13 +148,13 @@ def batch_shape(args: Args, world: int, streams: int) -> tuple[int, int]:
 def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # noqa: F821
     from transformers import TrainingArguments
 
-    from dare.trainers.distributed import checkpointing_args, process_group_args
+    from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
 
     return TrainingArguments(
         output_dir=args.output_dir, learning_rate=args.learning_rate, optim=args.optim, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, max_grad_norm=args.max_grad_norm,
         lr_scheduler_type=args.lr_scheduler_type, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
-        num_train_epochs=args.num_train_epochs, bf16=args.bf16,
+        num_train_epochs=args.num_train_epochs, bf16=mixed_precision(args.bf16),
         **checkpointing_args(args.gradient_checkpointing), logging_steps=args.logging_steps,
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, report_to=args.report_to,
         eval_strategy="steps" if validate else "no", eval_steps=args.eval_steps if validate else None,
@@ -174,6 +174,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     evaluation, longest_eval = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split,
                                              args.data.eval_limit) if args.data.eval_path else (None, 0))
     rewards.check({r["data_source"] for r in train + (evaluation or [])})
+    rewards.check_rows(train + (evaluation or []))
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
                               positions)
     algo.check_engine(engine)

@@ -38,7 +38,7 @@ class Args:
     # micro-batches per optimiser step (global batch = this x batch size x devices)
     gradient_accumulation_steps: int = 1
     group_by_length: bool = False  # batch examples of similar length together (less padding with pad_to=longest)
-    bf16: bool = False  # bf16 autocast (mixed precision) around fp32 master weights
+    bf16: bool = False  # bf16 autocast around fp32 master weights (a GPU that has it; elsewhere fp32, with a note)
     dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size =
@@ -76,7 +76,7 @@ def main(args: Args):
     from dare.lora import apply_lora
     from dare.models.loading import load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, fit, resume_from
-    from dare.trainers.distributed import checkpointing_args, process_group_args
+    from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
 
     set_seed(args.seed)
     args.lora.validate()
@@ -106,7 +106,7 @@ def main(args: Args):
         adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps, lr_scheduler_type=args.lr_scheduler_type,
         max_grad_norm=args.max_grad_norm, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=args.bf16,
+        gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=mixed_precision(args.bf16),
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",
         **checkpointing_args(args.gradient_checkpointing), logging_steps=args.logging_steps,
         dataloader_pin_memory=torch.cuda.is_available(),

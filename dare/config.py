@@ -94,7 +94,12 @@ def _apply(instance, values: dict, source: str, prefix: str = ""):
 
 def load_recipe(path) -> dict:
     """The recipe's values with its ``base`` chain merged in (the recipe's own keys win, nested sections merged)."""
-    values = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f":{where.line + 1}" if where is not None else ""
+        raise ValueError(f"{path}{line} is not valid YAML ({getattr(e, 'problem', None) or e})") from None
     base = values.pop("base", None)
     return _merge(load_recipe(Path(path).parent / base), values) if base else values
 

@@ -178,3 +178,55 @@ def test_help_answers_without_loading_the_training_stack(argv):
     print(f"{' '.join(argv)} --help: {seconds} s")
     assert out.returncode == 0 and "--config FILE" in out.stdout, out.stderr
     assert loaded == "[]", f"--help imported {loaded}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "tiny:llada", "--prompt", "hi", "--bench", "gsm8k"], "--prompt (one answer) and --bench"),
+    (["--model", "tiny:llada", "--compare", "a.json"], "--compare reads finished reports"),
+    (["--model", "tiny:llada", "--prompt", "hi", "--plot", "x.png"], "--plot draws a --compare chart"),
+    (["--model", "tiny:llada", "--bench", "humaneval", "--pass-k", "1", "4"], "--pass-k 4 needs at least"),
+    (["--model", "tiny:llada", "--bench", "task:addition", "--limit", "-2"], "--limit must be at least 1"),
+    (["--model", "tiny:llada", "--bench", "task:addition", "--samples", "0"], "--samples must be at least 1"),
+    (["--model", "tiny:llada:n_layers=abc", "--prompt", "hi"], "'tiny:llada:n_layers=abc': n_layers='abc' is not an"),
+    (["--model", "tiny:llada:n_layers=-1", "--prompt", "hi"], "'tiny:llada:n_layers=-1': n_layers=-1 must be at"),
+    (["--model", "/nonexistent/model", "--prompt", "hi"], "model folder /nonexistent/model does not exist"),
+    (["--model", "tiny:llada", "--prompt", "\udcff"], "--prompt is not valid UTF-8"),
+])
+def test_evaluate_refuses_contradictions_and_bad_values_in_one_line(argv, message):
+    out = subprocess.run([sys.executable, "evaluate.py", *argv], capture_output=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "DARE_DEBUG": "0"})
+    stderr = out.stderr.decode("utf-8", "replace")
+    assert out.returncode == 2 and stderr.startswith(f"error: {message}"), stderr[-500:]
+
+
+def test_damaged_or_foreign_data_files_are_named(tmp_path):
+    import pandas as pd
+
+    from dare.data.loading import load_rows
+    pd.DataFrame({"q": [], "a": []}).to_parquet(tmp_path / "empty.parquet")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not a parquet file")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"q": "a", "a": "b"}\n{"q": "\xe9t\xe9", "a": "b"}\n')
+    for name, message in (("empty.parquet", "is empty"), ("broken.parquet", "broken.parquet is not a readable parquet"),
+                          ("latin1.jsonl", "latin1.jsonl:2 is not UTF-8 text")):
+        with pytest.raises(ValueError, match=message):
+            load_rows(str(tmp_path / name))
+    (tmp_path / "bad.yaml").write_text("model: [tiny:llada\nmax_steps: 2\n")
+    out = script("train_sft.py", "--config", str(tmp_path / "bad.yaml"))
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path / 'bad.yaml'}:2 is not valid YAML")
+
+
+def test_a_reward_that_cannot_score_the_rows_is_refused(data, tmp_path):
+    args = rl_args(data, tmp_path, rewards=["code"])
+    with pytest.raises(ValueError, match="reward 'code' cannot score the 'addition' rows: tests of no known format"):
+        train_rl.main(args)
+    assert not (tmp_path / "checkpoint-2").exists()
+
+
+def test_bf16_on_a_machine_without_it_trains_in_fp32_with_a_note(capsys):
+    import torch
+
+    from dare.trainers.distributed import mixed_precision
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        pytest.skip("this machine runs bf16")
+    assert mixed_precision(True) is False and "training in fp32" in capsys.readouterr().err
+    assert mixed_precision(False) is False

@@ -171,3 +171,18 @@ def test_math_train_rows_take_the_answer_from_the_solutions_last_box():
     assert row["reward_model"]["ground_truth"] == "2" and row["data_source"] == "math"
     assert row["extra_info"] == {"task": "math", "question": "What is $1+1$?",
                                  "answer": "We add: $\\boxed{1}$ no, $1+1=\\boxed{2}$."}
+
+
+def test_right_truncation_drops_examples_whose_prompt_fills_max_length_and_says_so():
+    import datasets
+
+    from dare.data.sft import SFTDataConfig, tokenize_dataset
+    from dare.models.loading import load_config
+    _, tokenizer, family = load_config("tiny:llada")
+    rows = datasets.Dataset.from_list([{"q": "short?", "a": "yes"}, {"q": "long " * 200, "a": "no"}])
+    data = SFTDataConfig(prompt_key="q", response_key="a", max_length=64, truncation="right")
+    with pytest.warns(UserWarning, match="1 of 2 examples dropped: cut to max_length=64 from the right"):
+        out = tokenize_dataset(rows, tokenizer, family, data)
+    assert len(out) == 1 and out[0]["response_length"] > 0
+    with pytest.raises(ValueError, match="no example fits max_length=64"):
+        tokenize_dataset(rows.select([1]), tokenizer, family, data)

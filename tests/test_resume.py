@@ -3,6 +3,7 @@
 steps; --resume with nothing to resume says so, and --resume-must fails."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -25,8 +26,12 @@ def sft_run(arithmetic, tmp_path):  # noqa: F811
     return arithmetic, out
 
 
-def test_every_checkpoint_records_the_runs_settings(sft_run):
+def test_every_checkpoint_records_the_runs_settings_and_is_readable_by_the_group(sft_run):
     _, out = sft_run
+    for folder in (out, out / "checkpoint-2"):  # transformers writes weights 0600; the umask (022 here) is honoured
+        mask = os.umask(0)
+        os.umask(mask)
+        assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
     saved = json.loads((out / "checkpoint-2" / SETTINGS).read_text())
     assert saved["learning_rate"] == 3e-3 and saved["data.max_length"] == 64 and saved["model"] == "tiny:llada"
 
@@ -93,3 +98,18 @@ def test_logged_losses_across_a_resume_equal_the_uninterrupted_runs(arithmetic, 
     train_sft.main(args_for(arithmetic, tmp_path / "killed", **kw, resume=True))
     straight, resumed = (logged(tmp_path / name / "checkpoint-6", "loss") for name in ("straight", "killed"))
     assert list(straight) == [3, 6] and resumed == straight
+
+
+@pytest.mark.parametrize("damage", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+def test_a_damaged_checkpoint_file_is_named_before_anything_loads(sft_run, damage):
+    rows, out = sft_run
+    path = out / "checkpoint-2" / damage
+    content = bytearray(path.read_bytes())
+    at = 8 if damage.endswith(".safetensors") else len(content) // 2  # safetensors: its header (data has no sums)
+    content[at:at + 64] = b"\xff" * 64  # bytes overwritten, the size kept
+    path.write_bytes(bytes(content))
+    with pytest.raises(ValueError, match=rf"checkpoint-2/{damage} is damaged .*: remove .*checkpoint-2"):
+        train_sft.main(args_for(rows, out, max_steps=4, save_steps=2, resume=True))
+    path.write_bytes(bytes(content[:len(content) // 3]))  # cut short
+    with pytest.raises(ValueError, match=rf"{damage} is damaged"):
+        train_sft.main(args_for(rows, out, max_steps=4, save_steps=2, resume=True))

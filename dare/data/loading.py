@@ -35,19 +35,47 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> 
         kinds = {_BUILDERS[Path(f).suffix] for f in files}
         if len(kinds) > 1:
             raise ValueError(f"{path} mixes file kinds {sorted(kinds)}; keep one kind per folder")
-        rows = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        rows = read_files(kinds.pop(), files, path)
     elif local.suffix in _BUILDERS:
         if not local.exists():
             raise FileNotFoundError(f"Dataset file not found: {path}")
         if local.stat().st_size == 0:
             raise ValueError(f"Dataset {path} is empty")
-        rows = datasets.load_dataset(_BUILDERS[local.suffix], data_files=str(local), split="train")
+        rows = read_files(_BUILDERS[local.suffix], [str(local)], path)
     else:
         name, _, config = path.partition(":")
         rows = datasets.load_dataset(name, config or None, split=split)
     if len(rows) == 0:
         raise ValueError(f"Dataset {path} is empty")
     return rows
+
+
+def read_files(builder: str, files: list[str], path: str) -> "datasets.Dataset":  # noqa: F821
+    """``datasets`` reading local files, its failures (a damaged parquet, bytes that are not UTF-8, a line that is
+    not JSON) as one line naming the file."""
+    import datasets
+    import pyarrow
+
+    if builder == "parquet":
+        import pyarrow.parquet
+        for file in files:
+            try:
+                if pyarrow.parquet.read_metadata(file).num_rows == 0:
+                    raise ValueError(f"Dataset {file} is empty (a parquet file with no rows)")
+            except pyarrow.ArrowException as e:
+                raise ValueError(f"{file} is not a readable parquet file ({e})") from None
+    for file in files if builder == "json" else []:
+        with open(file, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{file}:{number} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        return datasets.load_dataset(builder, data_files=files, split="train")
+    except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as e:
+        cause = e.__cause__ or e.__context__ or e
+        raise ValueError(f"{path}: cannot be read as {builder} ({type(cause).__name__}: {cause})") from None
 
 
 def get_field(row: dict, key: str):

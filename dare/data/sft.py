@@ -87,9 +87,8 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
             response_ids = response_ids[:-excess]
         elif config.truncation == "left" and excess < len(prompt_ids):
             prompt_ids = prompt_ids[excess:]
-        else:
-            raise ValueError(f"Cannot truncate an example of {len(prompt_ids)} + {len(response_ids)} tokens to "
-                             f"{config.max_length} from the {config.truncation}")
+        else:  # nothing of the response would be left to learn from: the example is dropped (and counted)
+            return {"input_ids": [], "prompt_length": 0, "response_length": 0, "truncated": True}
     return {"input_ids": prompt_ids + response_ids, "prompt_length": len(prompt_ids),
             "response_length": len(response_ids), "truncated": truncated}
 
@@ -146,11 +145,20 @@ class SFTCollator:
 
 
 def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):
-    """Tokenize every row (datasets.map keeps a cache); warns with the count of truncated examples."""
+    """Tokenize every row (datasets.map keeps a cache); warns with the count of truncated examples and drops, with
+    their count, those that truncation would empty (right: a prompt that alone fills max_length)."""
     columns = rows.column_names
     out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config), remove_columns=columns,
                    desc="tokenizing")
     cut = sum(out["truncated"])
-    if cut:
-        warnings.warn(f"{cut} of {len(out)} examples were truncated to max_length={config.max_length}", stacklevel=2)
-    return out
+    kept = out.filter(lambda r: r["response_length"] > 0)
+    if len(kept) < len(out):
+        left = "response" if config.truncation == "right" else "prompt"
+        warnings.warn(f"{len(out) - len(kept)} of {len(out)} examples dropped: cut to max_length={config.max_length}"
+                      f" from the {config.truncation} they would keep no {left}", stacklevel=2)
+        if not len(kept):
+            raise ValueError(f"no example fits max_length={config.max_length}: raise data.max_length")
+    if cut > len(out) - len(kept):
+        warnings.warn(f"{cut - (len(out) - len(kept))} of {len(out)} examples were truncated to "
+                      f"max_length={config.max_length}", stacklevel=2)
+    return kept

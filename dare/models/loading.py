@@ -1,10 +1,13 @@
 """Load a model, its tokenizer and its ``Family`` from a hub name or a local folder, never running remote code."""
 
 import json
+import os
+import re
 
 import torch
 import transformers
 import yaml
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import cached_file
 
@@ -40,6 +43,9 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
+SIZE = re.compile(r"layers|heads|size|dim|d_model|length|vocab|experts|positions|hidden")  # counts, not ids
+
+
 def _tiny_name(name: str) -> tuple[str, dict]:
     """``tiny:<family>[:key=value,...]`` -> (family, config overrides); a key the config does not have is refused."""
     family, _, text = name.removeprefix("tiny:").partition(":")
@@ -48,6 +54,16 @@ def _tiny_name(name: str) -> tuple[str, dict]:
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise ValueError(f"Unknown {family} config field(s) {unknown} in {name!r}; known: {sorted(known)}")
+    for key, value in overrides.items():  # a number where the config has one, and a size at least 1
+        default = known[key]
+        if not isinstance(default, (int, float)) or isinstance(default, bool):
+            continue
+        integer = isinstance(default, int)
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise ValueError(f"{name!r}: {key}={value!r} is not {'an integer' if integer else 'a number'} "
+                             f"(default {default})")
+        if integer and SIZE.search(key) and value < 1:
+            raise ValueError(f"{name!r}: {key}={value} must be at least 1")
     return family, overrides
 
 
@@ -57,12 +73,19 @@ def load_config(name_or_path: str):
         family, overrides = _tiny_name(name_or_path)
         config, tokenizer = tiny_parts(family, **overrides)
         return config, tokenizer, Family.from_pretrained(config, tokenizer)
+    if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise FileNotFoundError(f"model folder {name_or_path} does not exist (a hub name is 'org/name')")
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
     if config.model_type not in KNOWN:  # fail before downloading weights
         raise ValueError(f"Unknown model family {config.model_type!r} at {name_or_path}; known model_type values: "
                          f"{sorted(KNOWN)}")
     tokenizer = load_tokenizer(name_or_path)
     return config, tokenizer, Family.from_pretrained(config, tokenizer)
+
+
+def looks_local(name: str) -> bool:
+    """A path rather than a hub name: absolute, home- or dot-relative, or with more than one ``/``."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.path.exists(name)
 
 
 def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
@@ -73,9 +96,12 @@ def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", a
         model = tiny_model(config)
         model.set_attn_implementation(attn_implementation)
         return model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
-    return AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype,
-                                                attn_implementation=attn_implementation, trust_remote_code=False,
-                                                **kwargs)
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype,
+                                                    attn_implementation=attn_implementation,
+                                                    trust_remote_code=False, **kwargs)
+    except SafetensorError as e:
+        raise ValueError(f"{name_or_path}: a weights file is damaged or cut short ({e})") from None
 
 
 def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",

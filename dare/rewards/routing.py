@@ -12,9 +12,24 @@ prompt from there).
 
 from concurrent.futures import ThreadPoolExecutor
 
-from . import RewardResult, combine, get_reward, score_for_source
+from . import RewardResult, code, combine, get_reward, score_for_source
 
 BLOCKING = {"code"}  # rewards that wait on a sandboxed subprocess
+
+
+def _countdown_row(truth, extra) -> str | None:
+    try:
+        float(truth)
+    except (TypeError, ValueError):
+        return f"its target {truth!r} is not a number"
+    return None if (extra or {}).get("numbers") else "it has no extra_info.numbers"
+
+
+# what a reward needs of a row, for the rewards that need more than an answer: why it cannot score it, or None
+NEEDS = {"code": lambda truth, extra: code.test_problem(str(truth), extra or {}),
+         "countdown": _countdown_row,
+         "sudoku": lambda truth, extra: None if str(truth).strip().isdigit() and len(str(truth).strip()) == 16
+         else f"its solution {str(truth)[:40]!r} is not 16 digits"}
 
 
 def _parse(spec: str) -> tuple[str | None, str, float]:
@@ -45,6 +60,21 @@ class RewardRouter:
         if missing:
             raise ValueError(f"data source(s) {missing} have no reward; add SOURCE=NAME entries or an entry for "
                              f"every row (e.g. 'auto') to the rewards list {[self._show(s) for s in self.specs]}")
+
+    def check_rows(self, rows: list[dict], sample: int = 8) -> None:
+        """Fail early when a chosen reward cannot score any of the first ``sample`` rows of a data source (e.g.
+        ``code`` on math rows: every reward would be 0)."""
+        by_source = {}
+        for row in rows:
+            by_source.setdefault(row["data_source"], []).append(row)
+        for source, group in by_source.items():
+            for name, _ in self.entries(source, (group[0].get("extra_info") or {}).get("task")):
+                if name not in NEEDS:
+                    continue
+                reasons = [NEEDS[name](r["ground_truth"], r.get("extra_info")) for r in group[:sample]]
+                if all(reasons):
+                    raise ValueError(f"reward {name!r} cannot score the {source!r} rows: {reasons[0]} (checked "
+                                     f"{len(reasons)} rows); choose a reward for them, e.g. {source}=auto")
 
     def __call__(self, completion: str, row: dict) -> RewardResult:
         extra = row.get("extra_info") or {}

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -30,9 +31,21 @@ MAY_CHANGE = {"max_steps", "num_train_epochs", "logging_steps", "save_steps", "s
               "reward_workers", "output_dir", "config"}
 
 
+def share_like_umask(folder: str) -> None:
+    """Give files written private (transformers 5.24 saves ``*.safetensors`` as 0600) the mode the umask allows, as
+    every other file of the folder has: a second account of the group can read the model."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in Path(folder).glob("*.safetensors"):
+        if path.stat().st_mode & 0o777 == 0o600:
+            path.chmod(0o666 & ~mask)
+
+
 def mark_complete(folder: str) -> None:
+    """Write the marker: the size of every file of the checkpoint, so a file cut short later is found."""
+    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(Path(folder).rglob("*")) if p.is_file()}
     tmp = Path(folder) / f".{COMPLETE}.tmp"
-    tmp.write_text("ok\n")
+    tmp.write_text(json.dumps(sizes, indent=0))
     os.replace(tmp, Path(folder) / COMPLETE)
 
 
@@ -74,6 +87,7 @@ class CompleteCheckpoints:
         Path(folder, f"{WINDOW}.{self.args.process_index}.json").write_text(json.dumps(window))
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            share_like_umask(folder)
             if self.run_settings is not None:
                 Path(folder, SETTINGS).write_text(json.dumps(self.run_settings, indent=1, sort_keys=True))
             mark_complete(folder)
@@ -109,6 +123,39 @@ def settings_diff(saved: dict, now: dict) -> list[str]:
             if k.rsplit(".", 1)[-1] not in MAY_CHANGE and saved.get(k) != now.get(k)]
 
 
+def check_files(checkpoint: str) -> None:
+    """Refuse a checkpoint with a file that cannot be read back (weights, optimiser, scheduler, RNG, trainer state),
+    naming it: a damaged file found before anything loads, not as a traceback mid-resume."""
+    from safetensors import SafetensorError, safe_open
+
+    advice = f"remove {checkpoint} to resume from the checkpoint before it, or start a new --output-dir"
+    try:
+        sizes = json.loads(Path(checkpoint, COMPLETE).read_text())
+    except ValueError:
+        sizes = {}  # an older marker ("ok")
+    for name, size in sizes.items():
+        path = Path(checkpoint, name)
+        if not path.exists() or path.stat().st_size != size:
+            found = path.stat().st_size if path.exists() else "missing"
+            raise ValueError(f"{path} is damaged (written with {size} bytes, now {found}): {advice}")
+    for path in sorted(Path(checkpoint).rglob("*")):
+        if path.name == COMPLETE:
+            continue
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as f:
+                    f.keys()
+            elif path.suffix in (".pt", ".pth"):
+                with zipfile.ZipFile(path) as archive:  # torch.save's format: every entry's CRC checked
+                    bad = archive.testzip()
+                if bad is not None:
+                    raise ValueError(f"entry {bad} fails its checksum")
+        except (ValueError, UnicodeDecodeError, SafetensorError, zipfile.BadZipFile, OSError) as e:
+            raise ValueError(f"{path} is damaged ({e}): {advice}") from None
+
+
 def resume_from(output_dir: str, args, must: bool = False) -> str | None:
     """The checkpoint a ``--resume`` continues from (None: there is none, said on stderr; with ``must`` an error),
     refused when it was made with other settings than ``args`` (see the module docstring). Call it before the
@@ -119,6 +166,7 @@ def resume_from(output_dir: str, args, must: bool = False) -> str | None:
             raise FileNotFoundError(f"--resume-must: {output_dir} has no complete checkpoint to resume from")
         print(f"warning: --resume: no complete checkpoint in {output_dir}; starting from scratch", file=sys.stderr)
         return None
+    check_files(checkpoint)
     path = Path(checkpoint, SETTINGS)
     if not path.exists():
         print(f"warning: --resume: {checkpoint} records no settings (an older DARE); they are not checked",
@@ -166,6 +214,10 @@ def fit(trainer, checkpoint: str | None = None, merged_dir: str | None = None, s
     else:
         trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
+    if trainer.args.should_save:
+        share_like_umask(output_dir)
     if merged_dir:
         export_merged(trainer, trainer.processing_class, merged_dir)
+        if trainer.args.should_save:
+            share_like_umask(merged_dir)
     return trainer

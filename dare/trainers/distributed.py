@@ -15,6 +15,7 @@ Three gaps of accelerate / transformers closed here:
 """
 
 import os
+import sys
 
 import torch
 
@@ -35,6 +36,16 @@ def process_group_args() -> dict:
     if not env_flag("ACCELERATE_USE_DEEPSPEED"):
         os.environ["ACCELERATE_USE_CPU"] = "true"  # accelerate launch wrote "False" there: no GPU means CPU mode
     return {"ddp_backend": "gloo"}
+
+
+def mixed_precision(bf16: bool) -> bool:
+    """``bf16`` where this device can run it; on a CPU-only machine (or a GPU without bf16) a note and fp32, so a
+    recipe written for GPUs runs here instead of failing in transformers after the weights load."""
+    if bf16 and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+        print("note: bf16 mixed precision needs a GPU that supports it; training in fp32 on this device",
+              file=sys.stderr)
+        return False
+    return bf16
 
 
 def checkpointing_args(enabled: bool) -> dict:
