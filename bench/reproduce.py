@@ -6,10 +6,11 @@
 
 ``--run`` runs each row's command (its output folder under ``--out``), reads the row's metric from the report it
 wrote and records it in ``measured.json``; the table's "DARE measured" column shows only values recorded that way.
-A row without a command (OpenCompass configs not written yet) stays empty.
+OpenCompass rows read the run's ``summary/summary_*.csv``.
 """
 
 import argparse
+import csv
 import json
 import shlex
 import subprocess
@@ -44,10 +45,14 @@ def d1(bench: str, length: int, published: float) -> Row:
                f"--gen-length {length} --output-dir {{out}}", ("report.json", "benchmarks", bench, "value"))
 
 
+FAMILY = {"GSAI-ML/LLaDA-8B-Instruct": "llada", "Dream-org/Dream-v0-Instruct-7B": "dream", "JetLM/SDAR-8B-Chat": "sdar",
+          "inclusionAI/LLaDA2.0-mini": "llada2"}
+
+
 def opencompass(model: str, bench: str, published: float) -> Row:
-    config = {("GSAI-ML/LLaDA-8B-Instruct", "GSM8K"): "recipes/opencompass/llada_gsm8k.py"}.get((model, bench))
-    return Row("OpenCompass (DARE)", model, bench, published, DARE_OC,
-               f"opencompass {config} -w {{out}}" if config else "")
+    config = f"recipes/opencompass/{FAMILY[model]}_{bench.lower()}.py"
+    return Row("OpenCompass (DARE)", model, bench, published, DARE_OC, f"opencompass {config} -w {{out}}",
+               ("**/summary/summary_*.csv", bench.lower()))
 
 
 def dare(family: str, model: str, bench: str, published: float) -> Row:
@@ -76,7 +81,7 @@ ROWS = [
         "remasking=entropy --output_path {out}",
         ("**/results_*.json", "results", "gsm8k_cot", "exact_match,flexible-extract")),
     Row("OpenCompass (LLaDA)", "GSAI-ML/LLaDA-8B-Instruct", "GSM8K", 78.9, LLADA,
-        "opencompass recipes/opencompass/llada_gsm8k.py -w {out}"),
+        "opencompass recipes/opencompass/llada_gsm8k.py -w {out}", ("**/summary/summary_*.csv", "gsm8k")),
     *(opencompass(model, bench, value) for model, values in {
         "GSAI-ML/LLaDA-8B-Instruct": (79.68, 41.08, 46.34, 38.80),
         "Dream-org/Dream-v0-Instruct-7B": (83.24, 48.02, 78.05, 56.40),
@@ -94,7 +99,7 @@ def table(measured: dict) -> str:
     lines = ["| protocol | model | benchmark | published | source | DARE command | DARE measured |",
              "|---|---|---|---|---|---|---|"]
     for row in ROWS:
-        command = f"`{row.command.format(out='OUT')}`" if row.command else "(config not written)"
+        command = f"`{row.command.format(out='OUT')}`"
         value = measured.get(key(row))
         lines.append(f"| {key(row)} | {row.published:g} | {row.source} | {command} | "
                      f"{'' if value is None else f'{value:.2f}'} |")
@@ -105,6 +110,9 @@ def read_metric(folder: Path, path: tuple) -> float | None:
     files = sorted(folder.glob(path[0])) if path else []
     if not files:
         return None
+    if files[-1].suffix == ".csv":  # OpenCompass's summary: dataset, version, metric, mode, <model> (percent)
+        rows = list(csv.reader(files[-1].read_text().splitlines()))
+        return next((float(r[-1]) for r in rows[1:] if path[1] in r[0].lower() and r[-1] not in ("", "-")), None)
     value = json.loads(files[-1].read_text())
     for part in path[1:]:
         value = value[part]

@@ -77,3 +77,46 @@ def test_example_config_loads():
     config = Config.fromfile(str(Path(__file__).resolve().parents[1] / "recipes" / "opencompass" / "llada_gsm8k.py"))
     assert config.models[0]["type"] is DARECompassModel and config.datasets
     assert config.models[0]["sampling"]["block_length"] == 8
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "opencompass").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_family_config_loads_and_its_sampling_fits_the_family(path):
+    from mmengine.config import Config
+
+    from dare.eval.opencompass import DARECompassModel
+    from dare.models.loading import load_config
+    from dare.sampling import SamplingConfig
+    config = Config.fromfile(str(path))
+    [model] = config.models
+    assert model["type"] is DARECompassModel and config.datasets
+    family = path.stem.split("_")[0]
+    _, _, stand_in = load_config(f"tiny:{family}")
+    SamplingConfig(**model["sampling"]).check(stand_in, path.name)  # refuses what the family's sampler cannot do
+    assert model["sampling"]["gen_length"] == model["max_out_len"]
+
+
+def test_gsm8k_config_renders_the_four_shot_chat_the_reference_wrapper_sends():
+    """OpenCompass's gsm8k_gen template through OpenCompass's PromptTemplate, then DARE's turn mapping and the
+    official LLaDA chat template: the few-shot turns become chat turns (models-and-sampling.md §7), ending on the
+    question and the assistant header."""
+    from mmengine.config import Config
+    from opencompass.openicl.icl_prompt_template import PromptTemplate
+
+    from dare.eval.opencompass import to_messages
+    from dare.models.tokenizers import tiny_tokenizer
+    config = Config.fromfile(str(CONFIGS[0].parent / "llada_gsm8k.py"))
+    template = config.datasets[0]["infer_cfg"]["prompt_template"]["template"]
+    question = "Janet has 3 apples and buys 4. How many?"
+    prompt = PromptTemplate(template).generate_item({"question": question})
+    messages = to_messages(prompt)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 4 + ["user"]
+    assert messages[0]["content"].startswith("Question: Angelo and Melanie want to plan how many hours")
+    assert messages[-1]["content"] == f"Question: {question}\nLet's think step by step\nAnswer:"
+    text = tiny_tokenizer("llada").apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQuestion: Angelo")
+    assert text.endswith(f"Question: {question}\nLet's think step by step\nAnswer:<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text.count("<|start_header_id|>assistant") == 5 and "The answer is 146<|eot_id|>" in text

@@ -164,5 +164,6 @@ def test_reproduction_table_is_generated_and_measures_nothing_by_hand():
     assert reproduce.table({}) in README
     assert all(row.source for row in reproduce.ROWS)
     for row in reproduce.ROWS:
-        for script in re.findall(r"python ([\w/]+\.py)", row.command) + re.findall(r"--config (\S+)", row.command):
+        files = re.findall(r"python ([\w/]+\.py)", row.command) + re.findall(r"--config (\S+)", row.command)
+        for script in files + re.findall(r"^opencompass (\S+)", row.command):
             assert (ROOT / script).exists(), script
