@@ -1,0 +1,15 @@
+# opencompass recipes/opencompass/llada2_olympiadbench.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# LLaDA2.0-mini: blocks of 32, 32 steps per block, greedy, threshold 0.95.
+# olympiadbench: dataset config OlympiadBench_0shot_gen_be8b13, 2048 tokens
+# (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).
+from mmengine.config import read_base
+
+from dare.eval.opencompass import DARECompassModel
+
+with read_base():
+    from opencompass.configs.datasets.OlympiadBench.OlympiadBench_0shot_gen_be8b13 import olympiadbench_datasets
+
+datasets = olympiadbench_datasets
+models = [dict(type=DARECompassModel, abbr="llada2.0-mini", path="inclusionAI/LLaDA2.0-mini", max_seq_len=8192,
+               max_out_len=2048, batch_size=8, dtype="bfloat16", elbo_samples=32, run_cfg=dict(num_gpus=1),
+               sampling=dict(gen_length=2048, steps=32, temperature=0.0, threshold=0.95))]

@@ -1,0 +1,15 @@
+# opencompass recipes/opencompass/sdar_gpqa.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# SDAR-8B-Chat: blocks of 4, 4 steps per block, greedy (the reference's top-k 1).
+# gpqa: dataset config gpqa_gen (the reference's gpqa_fewshot_gen is not in OpenCompass 0.5.4), 4096 tokens
+# (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).
+from mmengine.config import read_base
+
+from dare.eval.opencompass import DARECompassModel
+
+with read_base():
+    from opencompass.configs.datasets.gpqa.gpqa_gen import gpqa_datasets
+
+datasets = gpqa_datasets
+models = [dict(type=DARECompassModel, abbr="sdar-8b-chat", path="JetLM/SDAR-8B-Chat", max_seq_len=8192,
+               max_out_len=4096, batch_size=8, dtype="bfloat16", elbo_samples=32, run_cfg=dict(num_gpus=1),
+               sampling=dict(gen_length=4096, steps=4, temperature=0.0))]
