@@ -108,7 +108,7 @@ def benches(args: Args) -> list[str]:
     return [b.strip() for b in args.bench.split(",") if b.strip()]
 
 
-def run_benchmarks(args: Args, engine) -> dict:
+def run_benchmarks(args: Args, engine, max_positions: int | None = None) -> dict:
     from dare.eval import harness
 
     try:
@@ -116,7 +116,7 @@ def run_benchmarks(args: Args, engine) -> dict:
             engine, benches(args), args.sampling, Path(args.output_dir), data_dir=args.data_dir, limit=args.limit,
             samples=args.samples, pass_k=args.pass_k, batch_size=args.batch_size, seed=args.seed,
             model_name=args.model, state=process_state(), overwrite=args.overwrite,
-            protocol=get_protocol(args.protocol))
+            protocol=get_protocol(args.protocol), max_positions=max_positions)
     except harness.StaleSamples as e:
         raise SystemExit(str(e)) from None
 
@@ -174,7 +174,7 @@ def main(args: Args):
                          options=engine_options(args, kind.name), max_batch_size=args.batch_size * (args.samples or 8),
                          gpu=process_state().local_process_index if torch.cuda.is_available() else None)
     try:
-        serve(args, engine, family)
+        serve(args, engine, family, max_positions(config))
     finally:
         engine.close()
 
@@ -188,9 +188,9 @@ def utf8(text: str, what: str) -> str:
     return text
 
 
-def serve(args: Args, engine, family):
+def serve(args: Args, engine, family, positions: int | None = None):
     if args.bench:
-        run_benchmarks(args, engine)
+        run_benchmarks(args, engine, positions)
         return
     history = [{"role": "system", "content": utf8(args.system, "--system")}] if args.system else []
     if args.prompt is not None:

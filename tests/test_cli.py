@@ -230,3 +230,12 @@ def test_bf16_on_a_machine_without_it_trains_in_fp32_with_a_note(capsys):
         pytest.skip("this machine runs bf16")
     assert mixed_precision(True) is False and "training in fp32" in capsys.readouterr().err
     assert mixed_precision(False) is False
+
+
+def test_a_benchmark_prompt_too_long_for_the_model_fails_before_anything_decodes(tmp_path):
+    # addition's prompts (30 tokens) + 8 fit the 38 positions, arithmetic's (31) do not: nothing decodes first
+    out = script("evaluate.py", "--model", "tiny:llada:max_sequence_length=38", "--bench",
+                 "task:addition,task:arithmetic", "--limit", "2", "--gen-length", "8", "--output-dir", str(tmp_path),
+                 env={"DARE_DEBUG": "0"})
+    assert out.returncode == 2 and out.stderr.startswith("error: task:arithmetic: a 31-token prompt"), out.stderr[-800:]
+    assert not list(tmp_path.glob("samples.*.jsonl"))

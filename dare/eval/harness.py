@@ -240,14 +240,18 @@ def metric_value(records: list[dict], metric: str = "accuracy") -> float:
 def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_dir: str | None = None,
                         limit: int | None = None, samples: int | None = None, pass_k=(1,), batch_size: int = 16,
                         seed: int = 0, model_name: str = "", state=None, overwrite: bool = False,
-                        protocol: Protocol = PROTOCOLS["dare"]) -> dict:
+                        protocol: Protocol = PROTOCOLS["dare"], max_positions: int | None = None) -> dict:
     """Run and score every benchmark in ``names`` (this process's shard of each) under ``protocol`` (its prompts,
     rewards and metric; ``sampling`` already carries its decoding settings), then, on the main process, write
     and print the report. ``state``: accelerate's PartialState (None: a single process). Raises ``StaleSamples``
-    when ``folder`` holds samples of another model, sampling or prompts; ``overwrite`` deletes them first."""
+    when ``folder`` holds samples of another model, sampling or prompts; ``overwrite`` deletes them first. Every
+    benchmark's longest prompt is checked against ``max_positions`` before anything decodes."""
     rank, world = (state.process_index, state.num_processes) if state else (0, 1)
     main = state is None or state.is_main_process
     loaded = {name: load_rows(protocol, name, engine.tokenizer, data_dir, limit) for name in names}  # fail early
+    for name, rows in loaded.items():  # a prompt too long for the model fails now, not after earlier benchmarks
+        longest = max(map(len, engine.encode([r["prompt"] for r in rows])), default=0)
+        sampling.check(engine.family, f"{name}", longest, max_positions)
     routers = {name: RewardRouter([protocol.task(name).reward]) for name in names}
     summaries = {}
     plans = {name: expected(engine, rows, layout(len(rows), world, batch_size)) for name, rows in loaded.items()}
