@@ -117,10 +117,6 @@ def read_number(answer: str) -> str:
     return text.rstrip(".").strip()
 
 
-def _gsm8k_number(text: str) -> str:
-    return read_number(text.strip())
-
-
 def _hashes_or_box(completion: str) -> str | None:
     """The answer after the last ``####`` or in the last box, whichever comes later in the text."""
     hashes = completion.rfind("####")
