@@ -157,10 +157,19 @@ def leave_together():
         os._exit(0)
 
 
+def traceback_file() -> Path:
+    """Where a user error's traceback goes: one file per user (and rank), overwritten by the next error, so failed
+    runs leave no litter in the temporary folder."""
+    rank = os.environ.get("RANK", "0")
+    suffix = "" if rank == "0" else f".rank{rank}"
+    return Path(tempfile.gettempdir()) / f"dare-last-error.{os.getuid()}{suffix}.txt"
+
+
 def run(main, make_args):
     """``main(make_args())`` as a script's entry point. A user error prints ``error: <message>`` and exits 2; the
     traceback goes to a file named in the message. ``--debug`` (anywhere on the command line) or ``DARE_DEBUG=1``
-    lets it propagate with its traceback instead."""
+    lets it propagate with its traceback instead. Under a multi-process launcher, an error raised before the
+    processes joined (checks of the arguments, the same on every rank) is printed by rank 0 only."""
     debug = "--debug" in sys.argv[1:] or os.environ.get("DARE_DEBUG", "") not in ("", "0")
     sys.argv = [a for a in sys.argv if a != "--debug"]
     try:
@@ -171,7 +180,16 @@ def run(main, make_args):
         if debug:
             raise
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        with tempfile.NamedTemporaryFile("w", prefix="dare-error-", suffix=".txt", delete=False) as f:
+        dist = sys.modules.get("torch.distributed")
+        joined = dist is not None and dist.is_available() and dist.is_initialized()
+        rank = os.environ.get("RANK", "0")
+        path = traceback_file()
+        partial = path.with_name(path.name + f".{os.getpid()}")
+        with open(partial, "w") as f:
             traceback.print_exc(file=f)
-        print(f"error: {message}\n(traceback in {f.name}; --debug or DARE_DEBUG=1 prints it)", file=sys.stderr)
+        os.replace(partial, path)
+        if rank == "0" or joined:
+            where = f"rank {rank}: " if joined and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+            print(f"error: {where}{message}\n(traceback in {path}; --debug or DARE_DEBUG=1 prints it)",
+                  file=sys.stderr)
         sys.exit(2)

@@ -4,12 +4,16 @@ length check made before the weights load (shown with model folders whose weight
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from test_scale_out import free_port
 from test_train_rl import rl_args
 
 import train_rl
@@ -51,11 +55,26 @@ def test_user_errors_are_one_line_with_exit_status_2(tmp_path):
     traceback_file = out.stderr.split("(traceback in ")[1].split(";")[0]
     with open(traceback_file) as f:
         assert "Traceback" in f.read()
+    again = script("train_rl.py", "--algo", "nope2")
+    assert f"(traceback in {traceback_file};" in again.stderr, "one traceback file per user, overwritten"
+    assert "nope2" in Path(traceback_file).read_text()
     out = script("train_sft.py", "--data.path", str(tmp_path / "missing.jsonl"), "--debug")
     assert out.returncode == 1 and "Traceback" in out.stderr and "Dataset file not found" in out.stderr
     out = script("evaluate.py", "--model", "tiny:llada", "--gen-length", "-16", "--prompt", "hi",
                  env={"DARE_DEBUG": "0"})
     assert out.returncode == 2 and out.stderr.startswith("error: sampling: gen_length must be positive, got -16")
+
+
+def test_an_argument_error_under_a_two_process_launch_is_printed_once():
+    env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          "--main_process_port", str(free_port()), "train_rl.py", "--algo", "nope"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **env})
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("error: ")]
+    assert out.returncode != 0 and len(lines) == 1, out.stdout + out.stderr
+    assert lines[0].startswith("error: Unknown algorithm 'nope'; registered: ")
+    assert "(exitcode: 2)" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +258,26 @@ def test_a_benchmark_prompt_too_long_for_the_model_fails_before_anything_decodes
                  env={"DARE_DEBUG": "0"})
     assert out.returncode == 2 and out.stderr.startswith("error: task:arithmetic: a 31-token prompt"), out.stderr[-800:]
     assert not list(tmp_path.glob("samples.*.jsonl"))
+
+
+def test_an_unreachable_hub_loads_cached_names_at_once_and_names_missing_ones(tmp_path):
+    """A closed port as the hub: a name in the cache loads without the hub's retries, one not cached fails in one
+    line naming it (the retries took ~30 s before the offline message, which named nothing)."""
+    snapshot = tmp_path / "hub" / "models--org--cached" / "snapshots" / ("0" * 40)
+    save_tiny("llada", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": f"http://127.0.0.1:{closed}", "DARE_DEBUG": "0"}
+    env.update(HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0")  # the probe decides, not the caller's setting
+    started = time.monotonic()
+    out = script("evaluate.py", "--model", "org/cached", "--prompt", "hi", "--gen-length", "8", env=env)
+    assert out.returncode == 0 and "loading from the local cache only" in out.stderr, out.stderr[-800:]
+    out = script("evaluate.py", "--model", "org/absent", "--prompt", "hi", env=env)
+    assert out.returncode == 2 and out.stderr.splitlines()[1].startswith(
+        "error: model org/absent: not in the local hub cache"), out.stderr[-800:]
+    out = script("train_sft.py", "--model", "org/cached", "--data.path", "org/nodata", env=env)
+    assert out.returncode == 2 and "error: dataset org/nodata: not in the local hub cache" in out.stderr, out.stderr
+    assert time.monotonic() - started < 90, "no retries"

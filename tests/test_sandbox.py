@@ -358,6 +358,31 @@ def test_concurrent_processes():
     assert [p.communicate(timeout=60)[0] for p in procs] == ["ok\n"] * 3
 
 
+def test_uid_leases_are_exclusive_and_leave_no_files():
+    """Threads racing for a few uids never hold the same one at once, and every lease file goes with its job."""
+    if not sandbox.IS_ROOT:
+        pytest.skip("uid leases are taken as root only")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dare.rewards.sandbox import uids
+    before = set(os.listdir(uids.LEASE_DIR)) if os.path.isdir(uids.LEASE_DIR) else set()
+    held, clashes = set(), []
+
+    def lease(_):
+        with uids.UidLease() as uid:
+            if uid in held:
+                clashes.append(uid)
+            held.add(uid)
+            time.sleep(0.001)
+            held.discard(uid)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uids, "UID_COUNT", 16)  # 8 threads for 16 uids: many attempts meet a held or removed file
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lease, range(400)))
+    assert clashes == []
+    assert set(os.listdir(uids.LEASE_DIR)) <= before
+
+
 def test_cgroups_are_removed(monkeypatch):
     if not sandbox.IS_ROOT:
         pytest.skip("cgroups need root")

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from .. import hub
 from .public import PUBLIC
 from .tasks import make_task
 
@@ -44,7 +45,11 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> 
         rows = read_files(_BUILDERS[local.suffix], [str(local)], path)
     else:
         name, _, config = path.partition(":")
-        rows = datasets.load_dataset(name, config or None, split=split)
+        hub.before_loading()
+        try:
+            rows = datasets.load_dataset(name, config or None, split=split)
+        except (OSError, ConnectionError) as e:
+            raise hub.missing("dataset", path, e) from e
     if len(rows) == 0:
         raise ValueError(f"Dataset {path} is empty")
     return rows

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import hub
 from ..rewards.math import last_boxed
 
 
@@ -74,10 +75,14 @@ class Public:
             raise FileNotFoundError(f"no public hub copy of the reference's {'/'.join(self.files.get(split, ()))}: "
                                     f"give the folder holding it as {LOCAL_FLAGS}")
         name, _, config = self.hub.partition(":")
+        hub.before_loading()
         try:
             rows = datasets.load_dataset(name, config or None, split=self.hub_splits.get(split, split))
         except Exception as e:  # offline, gated, renamed...
             files = "/".join(self.files.get(split, ()))
+            if hub.offline():
+                raise OSError(f"{hub.missing('hub dataset', self.hub, e)}; with a local copy ({files}) give its "
+                              f"folder as {LOCAL_FLAGS}") from None
             raise OSError(f"hub dataset {self.hub} (split {split}) could not be loaded ({type(e).__name__}: "
                           f"{str(e)[:160]}); with a local copy ({files}) give its folder as {LOCAL_FLAGS}") from None
         return [self.convert(r) for r in rows]

@@ -11,6 +11,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import cached_file
 
+from .. import hub
 from .family import KNOWN, Family, max_positions  # noqa: F401 (max_positions: re-exported)
 from .tiny import tiny_model, tiny_parts
 
@@ -75,7 +76,12 @@ def load_config(name_or_path: str):
         return config, tokenizer, Family.from_pretrained(config, tokenizer)
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise FileNotFoundError(f"model folder {name_or_path} does not exist (a hub name is 'org/name')")
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    if not looks_local(name_or_path):
+        hub.before_loading()
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    except OSError as e:
+        raise hub.missing("model", name_or_path, e) from e
     if config.model_type not in KNOWN:  # fail before downloading weights
         raise ValueError(f"Unknown model family {config.model_type!r} at {name_or_path}; known model_type values: "
                          f"{sorted(KNOWN)}")

@@ -24,7 +24,8 @@ IS_ROOT = real_root()
 
 
 class UidLease:
-    """One throw-away uid per running job, exclusive across threads and processes (flock on a root-only dir)."""
+    """One throw-away uid per running job, exclusive across threads and processes (flock on a file of a root-only
+    dir, removed when the job ends)."""
 
     def __enter__(self) -> int:
         self.fd = None
@@ -38,16 +39,29 @@ class UidLease:
         start = random.randrange(UID_COUNT)
         for i in range(UID_COUNT):
             n = (start + i) % UID_COUNT
-            fd = os.open(os.path.join(d, str(n)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            path = os.path.join(d, str(n))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 continue
-            self.fd = fd
+            if not same_file(fd, path):  # its holder removed it between our open and our lock: not a lease
+                os.close(fd)
+                continue
+            self.fd, self.path = fd, path
             return UID_BASE + n
         raise RuntimeError("all sandbox uids are busy")
 
     def __exit__(self, *exc) -> None:
-        if self.fd is not None:
+        if self.fd is not None:  # removed while still locked: a waiter that opened it sees another inode, retries
+            os.unlink(self.path)
             os.close(self.fd)
+
+
+def same_file(fd: int, path: str) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
