@@ -285,3 +285,61 @@ def test_justgrpo_sampler_is_the_learner(family_name):
         logits = fam.logits(model, noisy, torch.ones_like(noisy), clean_ids=clean)[:, 6 + t]
         logits[:, fam.mask_id] = float("-inf")
         assert torch.equal(logits.argmax(-1), out.sequences[:, t])
+
+
+# ------------------------------------------------------------------------------------------------------- wd1
+
+def test_wd1_weights_are_group_softmaxes_of_the_advantages():
+    from dare.algos.wd1 import group_weights
+    advantages = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    w = group_weights(advantages, 4, 1.0, True).view(2, 4)
+    expected = (math.exp(0.5) - math.exp(-0.5)) / (2 * math.exp(0.5) + 2 * math.exp(-0.5))  # w+ - w- by hand
+    assert torch.allclose(w[0], expected * torch.tensor([1.0, -1, -1, 1], dtype=torch.float64), atol=1e-12)
+    assert w[1].abs().max() == 0, "an all-equal group has no weight"
+    assert torch.allclose(group_weights(torch.tensor([0.5, -0.5]), 2, 1.0, True), torch.tensor([1.0, -1]) *
+                          math.tanh(0.5))
+    positive = group_weights(advantages, 4, 1.0, False).view(2, 4)
+    assert torch.allclose(positive.sum(-1), torch.ones(2, dtype=torch.float64)) and (positive > 0).all()
+    other = advantages.clone()
+    other[4:] = torch.tensor([3.0, -1, -1, -1])
+    assert torch.equal(group_weights(other, 4, 1.0, True)[:4], w[0]), "each group's weights are its own"
+
+
+def test_wd1_loss_is_the_weighted_likelihood_free_of_the_old_policy():
+    from dare.algos.wd1 import group_weights
+    model, fam, batch = setup()
+    algo, config = get_algorithm("wd1")(num_iterations=2).validate(fam), SamplingConfig()
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.25, -0.25], dtype=torch.float64)
+    batch["weight"] = group_weights(batch["advantages"], 2, algo.psi, True) * 2
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
+    params = list(model.parameters())
+    normaliser = algo.normaliser(fam, batch, config)
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, normaliser, config)
+    got = torch.autograd.grad(loss, params)
+    logp = algo.score(model, fam, batch, batch["noise"][0], config).logp
+    sequence = (logp * batch["loss_mask"]).sum(-1)
+    weights = [math.tanh(1.0), -math.tanh(1.0), math.tanh(0.25), -math.tanh(0.25)]  # w+ - w- for G = 2
+    expected = -sum(w * s for w, s in zip(weights, sequence, strict=True)) / 2  # two prompts
+    assert torch.allclose(loss, expected, atol=1e-10)
+    batch["old"] = [logp.detach() + torch.randn_like(logp)]  # any old policy: the loss never reads it
+    again, _ = algo.step_loss(model, fam, batch, 0, 0, normaliser, config)
+    assert torch.equal(again, loss)
+    assert all(torch.equal(a, b) for a, b in zip(got, torch.autograd.grad(again, params), strict=True))
+
+
+def test_wd1_at_small_psi_is_reinforce_on_the_sequence_likelihood():
+    from dare.algos.wd1 import group_weights
+    model, fam, batch = setup()
+    psi = 1e-5
+    algo, config = get_algorithm("wd1")(psi=psi).validate(fam), SamplingConfig()
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    batch["advantages"], batch["weight"] = advantages, group_weights(advantages, 2, psi, True) * 2
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
+    params = list(model.parameters())
+    loss, _ = algo.step_loss(model, fam, batch, 0, 0, algo.normaliser(fam, batch, config), config)
+    got = torch.autograd.grad(loss, params)
+    logp = algo.score(model, fam, batch, batch["noise"][0], config).logp
+    reinforce = -(2 / 2 * advantages * (logp * batch["loss_mask"]).sum(-1)).sum() / 2  # c_i -> 2 psi A_i / G
+    expected = torch.autograd.grad(reinforce, params)
+    worst = max(((a / psi - b).abs().max() / b.abs().max()).item() for a, b in zip(got, expected, strict=True))
+    assert worst < 1e-5, worst  # the second-order term: psi x A
