@@ -351,6 +351,25 @@ class Autoregressive:
         return Estimate(torch.cat(logps, -1), torch.cat(entropies, -1))
 
 
+def decoding_path(family, rollout, upto_first_eos: bool = False):
+    """``(ids, steps, loss_mask)`` of a rollout's recorded decoding path, as ``Trajectory`` replays it: masked families
+    the completion and its global step map (never block-local steps: spec finding 1); block families the replay canvas
+    (the whole block of the stop token and the whole last block) and its block-local steps, or the completion and
+    ``block_step`` when the sampler kept no replay canvas. ``loss_mask``: every decoded token, or those up to the first
+    stop token."""
+    if not family.is_block_diffusion:
+        ids, steps = rollout.completion_ids, rollout.step_map
+    elif rollout.replay_ids is not None:
+        ids, steps = rollout.replay_ids, rollout.replay_step
+    else:
+        ids, steps = rollout.completion_ids, rollout.block_step
+    loss_mask = steps >= 0
+    if upto_first_eos:
+        kept = rollout.completion_mask.bool()
+        loss_mask = loss_mask & torch.nn.functional.pad(kept, (0, ids.shape[1] - kept.shape[1]))
+    return ids, steps, loss_mask.long()
+
+
 @dataclass
 class Trajectory:
     """CJ-GRPO's replay of the rollout's decoding path. ``batch["steps"]`` ``[N, R]`` holds the step that committed

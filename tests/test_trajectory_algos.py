@@ -12,6 +12,7 @@ from dare.algos import get_algorithm
 from dare.algos.dtreerpo import distillation_targets, sd_schedule, sibling_advantages
 from dare.algos.mdpo import select_steps, step_advantages, step_scores
 from dare.engines import HFEngine
+from dare.likelihood import Estimate
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig, generate
 from dare.sampling.primitives import decode_step, eos_factor
@@ -384,3 +385,68 @@ def test_clear_errors_for_rollouts_these_algorithms_cannot_use():
         get_algorithm("cj-grpo")().rollout_sampling(fam, SamplingConfig(gen_length=8, editing_threshold=0.9))
     with pytest.raises(ValueError, match="Unknown aggregation 'mean'"):
         get_algorithm("cj-grpo")(aggregation="mean").validate(fam)
+
+
+# ------------------------------------------------------------------------------------------------- d2 StepMerge
+
+def test_d2_groups_are_the_authors_contiguous_step_ranges():
+    from dare.algos.d2 import merged_steps
+    steps = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -1]])
+    assert merged_steps(steps, 10, 3).tolist() == [[0, 0, 0, 1, 1, 1, 2, 2, 2, 2, -1]]
+    assert [int(n * 10 / 3) for n in range(4)] == [0, 3, 6, 10]  # the authors' boundaries
+    assert torch.equal(merged_steps(steps, 10, 10), steps)
+    assert merged_steps(steps, 10, 1).tolist() == [[0] * 10 + [-1]]
+
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_d2_with_every_step_its_own_group_is_cj_grpo_and_with_one_group_is_the_mean_field(name):
+    """N = S scores each token exactly as CJ-GRPO's replay does; N = 1 scores every token from the fully masked
+    canvas (masked families: d1's estimate with the prompt unmasked); N in between lies on neither."""
+    from dare.likelihood import MeanField
+    eng = engine(name)
+    fam, model = eng.family, eng.model
+    config = SamplingConfig(gen_length=8, temperature=1.0, steps=4, block_length=None, stop_at_eos=False)
+    steps = 4 if not fam.is_block_diffusion else fam.block_size
+    config = replace(config, steps=steps)
+    cj = get_algorithm("cj-grpo")().validate(fam)
+    rollout = eng.generate(PROMPTS, 2, cj.rollout_sampling(fam, config), seed=3)
+    rewards = torch.tensor([1.0, 0, 0, 1])
+    reference = cj.make_batch(fam, rollout, rewards, 2, None, 0, config)
+    exact = cj.score(model, fam, reference, {}, config).logp
+
+    def d2(groups):
+        algo = get_algorithm("d2")(merge_groups=groups, loss_mask="all").validate(fam)
+        batch = algo.make_batch(fam, rollout, rewards, 2, None, 0, config)
+        assert algo.streams(fam, config) == min(groups, steps)
+        return batch, algo.score(model, fam, batch, {}, config).logp
+    batch, every = d2(steps)
+    assert torch.equal(batch["steps"], reference["steps"]) and torch.equal(every, exact)
+    batch, one = d2(1)
+    decoded = batch["loss_mask"].bool()
+    if not fam.is_block_diffusion:
+        mean_field = MeanField(p_prompt=0.0)
+        expected = mean_field.score(model, fam, batch, mean_field.corrupt(fam, batch)).logp
+        assert torch.allclose(one[decoded], expected[decoded], atol=1e-12)
+    _, two = d2(2)
+    assert not torch.allclose(two[decoded], exact[decoded]) and not torch.allclose(two[decoded], one[decoded])
+
+
+def test_d2_streams_add_up_to_the_token_mean_surrogate():
+    eng = engine("llada")
+    fam, model = eng.family, eng.model
+    algo = get_algorithm("d2")(merge_groups=2).validate(fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, temperature=1.0, steps=4, block_length=None))
+    rollout = eng.generate(PROMPTS, 2, config, seed=1)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0, config)
+    normaliser = algo.normaliser(fam, batch, config)
+    params = list(model.parameters())
+    streamed = [torch.autograd.grad(algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0], params,
+                                    allow_unused=True) for s in range(2)]
+    logp = algo.score(model, fam, batch, {}, config).logp
+    whole, _ = algo.loss(Estimate(logp), batch, logp.detach(), None, normaliser)
+    expected = torch.autograd.grad(whole, params, allow_unused=True)
+    for a, b, c in zip(*streamed, expected, strict=True):
+        if c is not None:
+            assert torch.allclose((0 if a is None else a) + (0 if b is None else b), c, atol=1e-10)
+    with pytest.raises(ValueError, match="d2 merges a fixed schedule"):
+        algo.rollout_sampling(fam, SamplingConfig(gen_length=8, threshold=0.9))

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from ..likelihood import Trajectory
+from ..likelihood import Trajectory, decoding_path
 from ..sampling import step_budget
 from . import register
 from .base import Algorithm
@@ -58,14 +58,8 @@ class CJGRPO(Algorithm):
 
     def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
         batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
-        if family.is_block_diffusion:
-            ids, steps = ((rollout.replay_ids, rollout.replay_step) if rollout.replay_ids is not None
-                          else (rollout.completion_ids, rollout.block_step))
-        else:
-            ids, steps = rollout.completion_ids, rollout.step_map  # global steps (never block-local: finding 1)
-        decoded = steps >= 0
-        loss_mask = decoded if self.loss_mask == "all" else rollout.completion_mask.bool() & decoded
-        batch.update(completion_ids=ids, completion_mask=decoded.long(), steps=steps, loss_mask=loss_mask.long())
+        ids, steps, loss_mask = decoding_path(family, rollout, self.loss_mask == "upto_first_eos")
+        batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=steps, loss_mask=loss_mask)
         if self.aggregation == "transition":
             batch["weights"] = self._transition_weights(family, batch, self.streams(family, sampling))
         return batch
