@@ -22,6 +22,7 @@ mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L
 block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward (masked
             families: one per semi-AR block); ``[N, rows]``.
 seq_elbo    ESPO: batch-stratified counts in [0, L], complementary second half; ``E / L`` per draw ``[N, K]``.
+quadrature_elbo  GDPO: the ELBO's time integral on Gauss-Legendre nodes, Bernoulli(t_n) masks; ``E / L`` per draw.
 sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
 ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
 trajectory  CJ-GRPO: the rollout's own decoding steps replayed, each token scored from the state that committed it.
@@ -276,6 +277,50 @@ class SequenceElbo:
         return Estimate(torch.stack(values, -1))
 
 
+def gauss_legendre(points: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nodes and weights of the ``points``-point Gauss-Legendre rule on [0, 1] (weights sum to 1; exact for
+    polynomials of degree < 2 points), float64."""
+    import numpy  # numpy's leggauss: the nodes to machine precision
+
+    x, w = numpy.polynomial.legendre.leggauss(points)
+    return torch.from_numpy((x + 1) / 2), torch.from_numpy(w / 2)
+
+
+@dataclass
+class QuadratureElbo:
+    """GDPO's semi-deterministic Monte-Carlo ELBO per draw ``[N, points x per_point]``: the time integral of
+    ``(1/t) E[sum_masked log p]`` on the Gauss-Legendre nodes of [0, 1], each token masked with probability ``t_n``
+    at node n (``per_point`` draws per node, one forward each). Each draw's value carries its quadrature weight
+    (``D w_n / (K t_n)``), so the plain mean over the D draws is the estimate; divided by L. For the forward
+    process's masks the integrand is a polynomial of degree < L in t: exact in expectation when L <= 2 points
+    (block families: per block, L the block size)."""
+
+    points: int = 3
+    per_point: int = 1
+
+    @property
+    def samples(self) -> int:
+        return self.points * self.per_point
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        maskable = _maskable(batch)
+        t, w = (v.repeat_interleave(self.per_point).to(maskable.device) for v in gauss_legendre(self.points))
+        draws = uniform((len(maskable), self.samples, maskable.shape[1]), generator, maskable.device)
+        masks = maskable[:, None] & (draws < t[None, :, None].to(draws.dtype))
+        weight = (self.samples * w / (self.per_point * t)).expand(len(maskable), -1)
+        return {"masks": masks, "weight": weight}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        draws = range(self.samples) if draw is None else [draw]
+        length = _maskable(batch).sum(-1).clamp(min=1)
+        values = []
+        for j in draws:
+            masked = noise["masks"][:, j]
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            values.append((logp * masked).sum(-1) * noise["weight"][:, j].to(logp.dtype) / length)
+        return Estimate(torch.stack(values, -1))
+
+
 @dataclass
 class Sandwich:
     """SPG's bounds per sequence ``[N, 2]``: column 0 the lower bound ``mean_j mean_{k in m_j} log p``, column 1 the
@@ -435,7 +480,7 @@ class EdgeTransition:
 
 
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
-              "seq_elbo": SequenceElbo, "sandwich": Sandwich, "ar": Autoregressive, "trajectory": Trajectory,
+              "seq_elbo": SequenceElbo, "quadrature_elbo": QuadratureElbo, "sandwich": Sandwich, "ar": Autoregressive, "trajectory": Trajectory,
               "step_prediction": StepPrediction, "edge_transition": EdgeTransition}
 
 
