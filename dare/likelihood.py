@@ -480,8 +480,8 @@ class EdgeTransition:
 
 
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
-              "seq_elbo": SequenceElbo, "quadrature_elbo": QuadratureElbo, "sandwich": Sandwich, "ar": Autoregressive, "trajectory": Trajectory,
-              "step_prediction": StepPrediction, "edge_transition": EdgeTransition}
+              "seq_elbo": SequenceElbo, "quadrature_elbo": QuadratureElbo, "sandwich": Sandwich, "ar": Autoregressive,
+              "trajectory": Trajectory, "step_prediction": StepPrediction, "edge_transition": EdgeTransition}
 
 
 def estimator(name: str, **knobs):
