@@ -26,6 +26,7 @@ quadrature_elbo  GDPO: the ELBO's time integral on Gauss-Legendre nodes, Bernoul
 sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
 ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
 trajectory  CJ-GRPO: the rollout's own decoding steps replayed, each token scored from the state that committed it.
+sampled_steps  AGRPO: a few of those steps drawn per row (every block at once), weighted to be unbiased.
 step_prediction  MDPO: each recorded step's whole-canvas prediction scored from the canvas before that step.
 edge_transition  d-TreeRPO: a tree node's children scored from the node's state, one forward for all of them
                  (block families: one per child, the child being the clean copy).
@@ -444,6 +445,55 @@ class Trajectory:
         return Estimate(logp, entropy)
 
 
+def trajectory_blocks(family, batch) -> torch.Tensor:
+    """``[N, R]``: the block of each replayed position, on the global grid for block families (their steps are
+    block-local), 0 for masked families (one global step numbering)."""
+    steps = batch["steps"]
+    if not family.is_block_diffusion:
+        return torch.zeros_like(steps)
+    offset = batch["prompt_mask"].sum(-1, keepdim=True)
+    grid = (offset + torch.arange(steps.shape[1], device=steps.device)) // family.block_size
+    return grid - offset // family.block_size
+
+
+@dataclass
+class SampledSteps:
+    """AGRPO's amortised trajectory likelihood: each of ``samples`` draws picks, uniformly and independently, one
+    recorded step of every row (block families: one block-local step of every block, all replayed in one forward)
+    and scores the tokens that step committed from the canvas before it, with the sampler's temperature and banned
+    tokens. ``corrupt`` gives per position the drawn step ``at`` ``[N, K, R]`` and the weight ``[N, K, R]`` that makes
+    the draw unbiased: ``S_b / T`` (S_b the steps of the position's block, T the row's steps, so the expectation is
+    the row's mean over its steps) or ``S_b`` with ``step_weight="sum"`` (the sum over steps: the full-trajectory
+    log-probability)."""
+
+    samples: int = 4
+    temperature: float = 1.0
+    banned: tuple = ()
+    step_weight: str = "mean"
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        steps = batch["steps"]
+        block = trajectory_blocks(family, batch).clamp(min=0)
+        spans = torch.zeros(len(steps), int(block.max()) + 1, dtype=torch.long, device=steps.device)
+        spans = spans.scatter_reduce(1, block, (steps + 1).clamp(min=0), "amax")  # [N, blocks]: steps of each block
+        u = uniform((len(steps), self.samples, spans.shape[1]), generator, steps.device)
+        at = torch.minimum((u * spans[:, None]).floor().long(), (spans[:, None] - 1).clamp(min=0))
+        share = spans.to(torch.float64)
+        if self.step_weight == "mean":
+            share = share / share.sum(-1, keepdim=True).clamp(min=1)
+        weight = share.gather(1, block)[:, None].expand(-1, self.samples, -1)
+        return {"at": at.gather(2, block[:, None].expand(-1, self.samples, -1)), "weight": weight.contiguous()}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        if draw is None:  # every draw (no-grad old / reference scoring): [N, K, R]
+            ests = [self.score(model, family, batch, noise, j) for j in range(self.samples)]
+            return Estimate(torch.stack([e.logp for e in ests], 1), torch.stack([e.entropy for e in ests], 1))
+        hidden = (batch["steps"] >= noise["at"][:, draw]) | (batch["steps"] < 0)
+        completion = batch["completion_ids"].masked_fill(hidden, family.mask_id)
+        return score_tokens(model, family, batch, torch.cat([batch["prompt_ids"], completion], 1), self.temperature,
+                            self.banned)
+
+
 @dataclass
 class StepPrediction:
     """MDPO's per-step likelihood: for recorded steps ``batch["states"]`` ``[N, K, R]`` (the canvas before the step)
@@ -481,7 +531,8 @@ class EdgeTransition:
 
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
               "seq_elbo": SequenceElbo, "quadrature_elbo": QuadratureElbo, "sandwich": Sandwich, "ar": Autoregressive,
-              "trajectory": Trajectory, "step_prediction": StepPrediction, "edge_transition": EdgeTransition}
+              "trajectory": Trajectory, "sampled_steps": SampledSteps, "step_prediction": StepPrediction,
+              "edge_transition": EdgeTransition}
 
 
 def estimator(name: str, **knobs):

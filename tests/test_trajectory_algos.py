@@ -450,3 +450,52 @@ def test_d2_streams_add_up_to_the_token_mean_surrogate():
             assert torch.allclose((0 if a is None else a) + (0 if b is None else b), c, atol=1e-10)
     with pytest.raises(ValueError, match="d2 merges a fixed schedule"):
         algo.rollout_sampling(fam, SamplingConfig(gen_length=8, threshold=0.9))
+
+
+# ------------------------------------------------------------------------------------------------------- agrpo
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+@pytest.mark.parametrize("step_weight", ["mean", "sum"])
+def test_agrpo_sampled_steps_average_to_the_full_trajectory_gradient(name, step_weight):
+    """The estimator's expectation, enumerated: draw j = step j in every row and block (j < S), each weighted by
+    S / S_b (the uniform draw of a block of S_b steps picks j with probability 1 / S_b), must have the gradient of the
+    whole-trajectory objective computed from an independent replay of every step:
+    -(1/rows) sum_i A_i c_i sum_t sum_{k in U_t} log pi(y_k | z_t), c_i = 1/T_i (mean) or 1 (sum), with the
+    sampler's temperature and banned mask token."""
+    from dare.likelihood import score_tokens, trajectory_blocks
+    eng = engine(name)
+    fam, model = eng.family, eng.model
+    steps = 4 if not fam.is_block_diffusion else fam.block_size
+    algo = get_algorithm("agrpo")(samples=steps, step_weight=step_weight).validate(fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, temperature=0.7, steps=steps, block_length=None,
+                                                       stop_at_eos=False))
+    rollout = eng.generate(PROMPTS, 2, config, seed=3)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0, config)
+    noise = algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)
+    decoded, blocks = batch["loss_mask"].bool(), trajectory_blocks(fam, batch)
+    span = torch.zeros(batch["steps"].shape, dtype=torch.float64)  # steps of each position's block, by hand
+    for i in range(4):
+        for b in blocks[i][decoded[i]].unique():
+            here = decoded[i] & (blocks[i] == b)
+            span[i, here] = float(batch["steps"][i][here].max() + 1)
+    assert ((noise["at"] >= 0) & (noise["at"] < span[:, None].clamp(min=1))).all(), "a draw past its block's steps"
+    noise["at"] = torch.arange(steps)[None, :, None].expand_as(noise["at"]).contiguous()
+    noise["weight"] = noise["weight"] * torch.where(decoded, steps / span.clamp(min=1), 0.0)[:, None]
+    batch["noise"] = [noise]
+    params = list(model.parameters())
+    normaliser = algo.normaliser(fam, batch, config)
+    grads = [torch.autograd.grad(algo.step_loss(model, fam, batch, 0, j, normaliser, config)[0], params,
+                                 allow_unused=True) for j in range(steps)]
+    logp = torch.zeros(batch["steps"].shape, dtype=torch.float64)
+    for s in range(steps):  # every step from its own canvas
+        hidden = (batch["steps"] >= s) | (batch["steps"] < 0)
+        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(hidden, fam.mask_id)], 1)
+        logp = torch.where(batch["steps"] == s, score_tokens(model, fam, batch, noisy, 0.7, (fam.mask_id,)).logp, logp)
+    total = torch.stack([torch.tensor(sum(float(span[i][decoded[i] & (blocks[i] == b)][0])
+                                          for b in blocks[i][decoded[i]].unique())) for i in range(4)])
+    scale = 1 / total.double() if step_weight == "mean" else torch.ones(4, dtype=torch.float64)
+    objective = -(batch["advantages"] * scale * (logp * decoded).sum(-1)).sum() / 4
+    expected = torch.autograd.grad(objective, params, allow_unused=True)
+    for parts, e in zip(zip(*grads, strict=True), expected, strict=True):
+        if e is not None:
+            assert torch.allclose(sum(p for p in parts if p is not None), e, atol=1e-10)
