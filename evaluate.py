@@ -111,14 +111,11 @@ def benches(args: Args) -> list[str]:
 def run_benchmarks(args: Args, engine, max_positions: int | None = None) -> dict:
     from dare.eval import harness
 
-    try:
-        return harness.evaluate_benchmarks(
-            engine, benches(args), args.sampling, Path(args.output_dir), data_dir=args.data_dir, limit=args.limit,
-            samples=args.samples, pass_k=args.pass_k, batch_size=args.batch_size, seed=args.seed,
-            model_name=args.model, state=process_state(), overwrite=args.overwrite,
-            protocol=get_protocol(args.protocol), max_positions=max_positions)
-    except harness.StaleSamples as e:
-        raise SystemExit(str(e)) from None
+    return harness.evaluate_benchmarks(  # samples of another run: StaleSamples, a user error (exit 2, one line)
+        engine, benches(args), args.sampling, Path(args.output_dir), data_dir=args.data_dir, limit=args.limit,
+        samples=args.samples, pass_k=args.pass_k, batch_size=args.batch_size, seed=args.seed,
+        model_name=args.model, state=process_state(), overwrite=args.overwrite,
+        protocol=get_protocol(args.protocol), max_positions=max_positions)
 
 
 def check_modes(args: Args) -> None:

@@ -217,6 +217,17 @@ def preference(args: Args, config, tokenizer, family) -> partial:
                    console=args.console, sequence_parallel=args.sequence_parallel, pack=args.pack)
 
 
+def check_counts(args: Args) -> None:
+    """Batch and step counts of at least one (two completions per prompt for a group advantage), before anything
+    loads."""
+    least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
+             "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
+    for knob, low in least.items():
+        if getattr(args, knob) < low:
+            why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""
+            raise ValueError(f"--{knob.replace('_', '-')} must be at least {low}{why}, got {getattr(args, knob)}")
+
+
 TRAINERS = {"rl": online, "preference": preference}  # the trainer an algorithm names (Algorithm.trainer)
 
 
@@ -230,6 +241,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
 
     set_seed(args.seed)
     args.lora.validate()
+    check_counts(args)
     checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)

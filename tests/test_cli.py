@@ -149,7 +149,8 @@ def test_sft_reads_and_checks_its_data_before_the_weights_load(weightless, tmp_p
     ("steps", 0, "steps must be >= 1, got 0"), ("steps", -4, "steps must be >= 1, got -4"),
     ("top_p", 1.5, "top_p must be > 0 and <= 1, got 1.5"), ("top_k", 0, "top_k must be >= 1, got 0"),
     ("block_length", -8, "block_length must be >= 1, got -8"), ("threshold", -0.1, "threshold must be >= 0, got -0.1"),
-    ("factor", 0.0, "factor must be > 0, got 0.0"), ("cfg_scale", -1.0, "cfg_scale must be >= 0, got -1.0")])
+    ("factor", 0.0, "factor must be > 0, got 0.0"), ("cfg_scale", -1.0, "cfg_scale must be >= 0, got -1.0"),
+    ("temperature", float("nan"), "temperature must be >= 0, got nan"), ("top_p", float("nan"), "top_p must be > 0")])
 def test_out_of_range_knobs_are_refused_before_the_weights_load(weightless, data, tmp_path, knob, value, message):
     """A decoding knob outside its range (accepted before: --steps 0 or -4 decoded nothing, --top-p 1.5 sampled as
     1) is one error naming it, before the weights load, in every script."""
@@ -160,6 +161,18 @@ def test_out_of_range_knobs_are_refused_before_the_weights_load(weightless, data
         evaluate.main(parse(evaluate.Args, ["--model", weightless["llada"], "--prompt", "hi",
                                             f"--{knob.replace('_', '-')}", str(value)],
                             config=(evaluate.tyro.conf.OmitArgPrefixes,)))
+
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("prompts_per_step", 0, "--prompts-per-step must be at least 1, got 0"),
+    ("num_generations", 0, "--num-generations must be at least 2"), ("num_generations", 1, "--num-generations must"),
+    ("micro_batch_size", 0, "--micro-batch-size must be at least 1"), ("save_steps", 0, "--save-steps must")])
+def test_batch_counts_out_of_range_are_refused_before_anything_loads(weightless, data, tmp_path, knob, value, message):
+    """--num-generations 0 was a ZeroDivisionError traceback inside transformers, --prompts-per-step 0 a message
+    about a batch_size no flag has."""
+    with pytest.raises(ValueError, match=message):
+        train_rl.main(rl_args(data, tmp_path, model=weightless["llada"], **{knob: value}))
+    assert not (tmp_path / "checkpoint-1").exists()
 
 
 @pytest.mark.parametrize("knob, value", [("rank", -4), ("alpha", 0), ("dropout", 1.0)])
@@ -281,3 +294,16 @@ def test_an_unreachable_hub_loads_cached_names_at_once_and_names_missing_ones(tm
     out = script("train_sft.py", "--model", "org/cached", "--data.path", "org/nodata", env=env)
     assert out.returncode == 2 and "error: dataset org/nodata: not in the local hub cache" in out.stderr, out.stderr
     assert time.monotonic() - started < 90, "no retries"
+
+
+def test_a_model_folder_without_tokenizer_files_is_one_line(tmp_path):
+    """transformers' five-line message guessed at missing packages; the folder (like ../shared's config-only copies
+    of the official models) simply has no tokenizer files."""
+    save_tiny("llada", tmp_path)
+    for f in tmp_path.iterdir():
+        if f.name.startswith("tokenizer") and f.name != "tokenizer_config.json":
+            f.unlink()
+    out = script("evaluate.py", "--model", str(tmp_path), "--prompt", "hi", env={"DARE_DEBUG": "0"})
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path}: its tokenizer cannot be loaded ("), \
+        out.stderr[-600:]
+    assert out.stderr.splitlines()[1].startswith("(traceback in "), "one line"

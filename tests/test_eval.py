@@ -251,7 +251,8 @@ def test_evaluate_end_to_end_on_generated_and_real_files(tmp_path):
     refused = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny:llada", "--gen-length", "16",
                               "--output-dir", str(tmp_path), "--bench", "task:addition"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("error: ")
     assert "holds samples of tiny:llada with gen_length=8; this run is tiny:llada with gen_length=16" in refused.stderr
 
 

@@ -28,9 +28,16 @@ def load_tokenizer(name_or_path: str, **kwargs):
             class_name = json.load(f).get("tokenizer_class")
     class_name = _STOCK_TOKENIZER.get(class_name, class_name)
     tokenizer_class = getattr(transformers, class_name, None) if class_name else None
-    if tokenizer_class is None:
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
-    return tokenizer_class.from_pretrained(name_or_path, **kwargs)
+    try:
+        if tokenizer_class is None:
+            return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
+        return tokenizer_class.from_pretrained(name_or_path, **kwargs)
+    except (ValueError, OSError) as e:  # transformers' message spans lines and guesses at packages
+        first = str(e).strip().splitlines()[0].rstrip(": ") if str(e).strip() else type(e).__name__
+        if first.startswith("Couldn't instantiate the backend tokenizer"):
+            first = "no tokenizer.json, and no slow tokenizer files to convert"
+        raise ValueError(f"{name_or_path}: its tokenizer cannot be loaded ({first}); the model needs its tokenizer "
+                         "files (tokenizer.json, or the slow tokenizer's vocabulary files)") from e
 
 
 def parse_overrides(text: str) -> dict:

@@ -79,7 +79,7 @@ class SamplingConfig:
             raise ValueError(f"Unknown threshold_rule {self.threshold_rule!r}; known: {sorted(THRESHOLD_RULES)}")
         if self.gen_length <= 0:
             raise ValueError(f"gen_length must be positive, got {self.gen_length}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         # knob: (value, lowest, highest, the lowest itself excluded)
         ranges = {"block_length": (self.block_length, 1, None, False), "steps": (self.steps, 1, None, False),
@@ -90,7 +90,7 @@ class SamplingConfig:
                   "max_post_steps": (self.max_post_steps, 0, None, False),
                   "cfg_scale": (self.cfg_scale, 0, None, False)}
         for knob, (value, low, high, open_low) in ranges.items():
-            too_low = value is not None and (value < low or (open_low and value == low))
+            too_low = value is not None and (not value >= low or (open_low and value == low))  # NaN too
             if too_low or (value is not None and high is not None and value > high):
                 bounds = f"{'>' if open_low else '>='} {low}" + (f" and <= {high}" if high is not None else "")
                 raise ValueError(f"{knob} must be {bounds}, got {value}")
