@@ -11,7 +11,9 @@ accuracy before and after, seconds and model forward passes (rollout and trainin
 memory during training (resident set on CPU, allocator peak on CUDA).
 ``NAME:control`` is NAME trained on the negated reward (every advantage flips sign): its reward must fall.
 ``NAME:paper`` uses the paper's hyper-parameters where they differ from the reference implementation's: the
-``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo).
+``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo, wd1,
+gdpo, agrpo, d2). The generation length comes from the task's reference answers (a shorter ``--gen-length`` is
+refused), and a start whose held-out reward is 0 or 1 (no learning signal) stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
 in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new.
 """
@@ -72,11 +74,43 @@ class Lab:
     offline_learning_rate: float = 1e-4  # for offline preference optimisation (VRPO falls at 1e-3)
     prompt_masking: float | None = 0.0  # p_prompt of the algorithms that mask prompt tokens (None: their defaults)
     num_iterations: int | None = 1  # passes over each rollout batch for all (None: defaults, espo 8, d-treerpo 12)
-    gen_length: int = 12  # completion tokens, in RL and in the held-out measure
+    gen_length: int | None = None  # completion tokens in RL and the held-out measure (None: from the task's answers)
     questions: int = 800  # held-out questions
     samples: int = 8  # T = 1 completions per held-out question
     threads: int = 1  # torch threads (1: the same numbers on any core count)
     output_dir: str = "outputs/lab"  # shared start, runs (each reused when rerun) and comparison.{md,json,png}
+    allow_no_signal: bool = False  # run RL from a start that scores 0 or 1 (no learning signal): a smoke test only
+
+    def __post_init__(self):
+        needed = answer_length(self.task, self.families)
+        if self.gen_length is None:
+            self.gen_length = needed
+        elif self.gen_length < needed:
+            raise SystemExit(f"gen_length {self.gen_length} is shorter than {self.task}'s reference answers, which "
+                             f"need {needed} tokens (the longest answer and its stop token): no completion could reach "
+                             f"its answer and RL would have no signal; use --gen-length {needed} or more")
+
+
+def row_length(task: str, family: str, rows: int = 4000) -> int:
+    """Tokens of the longest SFT row (chat-templated question and reference answer) of the lab's training rows."""
+    from dare.data.tasks import make_task
+    from dare.models.loading import load_config
+
+    tokenizer = load_config(f"tiny:{family}")[1]
+    return max(len(tokenizer.apply_chat_template(r["prompt"] + [{"role": "assistant", "content": r["extra_info"][
+        "solution"]}], tokenize=True, return_dict=False)) for r in make_task(task, rows, 0, "train"))
+
+
+def answer_length(task: str, families: list[str], rows: int = 4000) -> int:
+    """Completion tokens the task's longest reference answer needs in the lab's training rows (with its stop token),
+    by the families' tokenizers, rounded up to a multiple of 4 (the tiny block families' block)."""
+    from dare.data.tasks import make_task
+    from dare.models.loading import load_config
+
+    answers = [r["extra_info"]["solution"] for r in make_task(task, rows, 0, "train")]
+    longest = max(len(ids) for family in families
+                  for ids in load_config(f"tiny:{family}")[1](answers, add_special_tokens=False)["input_ids"])
+    return -(-(longest + 1) // 4) * 4
 
 
 def measure(model_dir: str, lab: Lab) -> dict:
@@ -90,7 +124,7 @@ def sft(family: str, lab: Lab, folder: Path) -> str:
                        learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
                        per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
     a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
-    a.data.max_length, a.data.pad_to = 64, "longest"
+    a.data.max_length, a.data.pad_to = max(64, row_length(lab.task, family) + 8), "longest"
     train_sft.main(a)
     return str(folder)
 
@@ -263,6 +297,16 @@ def plot(results: dict, path: Path):
     fig.savefig(path, dpi=120)
 
 
+def check_signal(before: dict, family: str, lab: Lab) -> None:
+    """Stop before the RL budget is spent when the SFT start's held-out reward is 0 or 1: every completion of a
+    group then scores alike, every advantage is 0, and RL has nothing to learn from."""
+    reward = statistics.fmean(before["reward_q"])
+    if reward in (0.0, 1.0) and not lab.allow_no_signal:
+        raise SystemExit(f"the SFT start of {family} scores {reward:.3f} on held-out {lab.task} (T = 1): no learning "
+                         f"signal (all completions score alike); train the start longer or shorter (--sft-steps "
+                         f"{lab.sft_steps} now), choose another task, or --allow-no-signal for a smoke test")
+
+
 # what a finished run's numbers depend on besides its algorithm, family and seed
 SETTINGS = ("task", "sft_steps", "sft_lr", "rollouts", "control_rollouts", "prompts_per_step", "num_generations",
             "learning_rate", "offline_learning_rate", "prompt_masking", "num_iterations", "gen_length", "questions",
@@ -291,6 +335,7 @@ def main(lab: Lab) -> dict:
     for family in lab.families:
         start = sft_start(family, lab, out)
         before = measure(start, lab)
+        check_signal(before, family, lab)
         for spec in expand(lab.algos):
             if not supported(spec, family):
                 continue
