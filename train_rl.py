@@ -52,6 +52,9 @@ class Args:
     rollout_engine: str = "hf"
     validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
     rollout_batch_size: int = 64  # completions the engine decodes together
+    # DAPO's dynamic sampling: roll out this many more prompts (a fraction of the step's) and train on the groups
+    # whose rewards differ, as many as the step holds (0: off; logged: rollout/groups_dropped, groups_without_signal)
+    dynamic_sampling: float = 0.0
     reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
     lora: LoraArgs = field(default_factory=LoraArgs)
     output_dir: str = "outputs/rl"  # checkpoints, logs and the final model go here
@@ -178,6 +181,8 @@ def online(args: Args, config, tokenizer, family) -> partial:
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
                               positions)
     algo.check_engine(engine)
+    if args.dynamic_sampling:
+        algo.check_dynamic_sampling()
     validation = args.validation.over(args.rollout)
     if evaluation is not None:
         validation = check_decoding(engine, validation, family, "validation", longest_eval, positions)
@@ -191,7 +196,8 @@ def online(args: Args, config, tokenizer, family) -> partial:
                    eval_sampling=validation, num_generations=args.num_generations,
                    rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
                    log_completions=args.log_completions, console=args.console,
-                   sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server)
+                   sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server,
+                   dynamic_sampling=args.dynamic_sampling)
 
 
 def preference(args: Args, config, tokenizer, family) -> partial:
@@ -222,6 +228,8 @@ def check_counts(args: Args) -> None:
     loads."""
     least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
              "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
+    if not args.dynamic_sampling >= 0:
+        raise ValueError(f"--dynamic-sampling is a fraction of extra prompts, >= 0; got {args.dynamic_sampling}")
     for knob, low in least.items():
         if getattr(args, knob) < low:
             why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""

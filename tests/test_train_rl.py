@@ -212,3 +212,48 @@ def test_mini_batches_split_a_rollout_into_optimiser_steps(data, tmp_path):  # n
     assert max((four[k] - two[k]).abs().max().item() for k in four) < 1e-6
     with pytest.raises(ValueError, match="mini_batches=3"):
         train_rl.main(rl_args(data, tmp_path / "bad", algo_config__mini_batches=3))
+
+
+if "test_even_only" not in REWARDS:
+    @reward("test_even_only")
+    def _even_only_reward(completion, ground_truth, extra_info=None):
+        """A spread of rewards on prompts whose answer is even, none on the others (every completion scores 0)."""
+        score = (len(completion) % 7) / 6 if int(ground_truth) % 2 == 0 else 0.0
+        return RewardResult(score, float(score > 0.5))
+
+
+def test_signal_groups_keep_the_groups_with_a_reward_spread_first():
+    from dare.trainers.rl import signal_groups
+    scores = torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 0])  # groups of 2: flat, spread, flat, spread
+    assert signal_groups(scores, 2, 2) == ([1, 3], 0)
+    assert signal_groups(scores, 2, 3) == ([0, 1, 3], 1)
+    assert signal_groups(torch.zeros(6), 3, 2) == ([0, 1], 2)
+
+
+def test_dynamic_sampling_trains_on_the_groups_with_a_signal(data, tmp_path):
+    args = rl_args(data, tmp_path, rewards=["test_even_only"], dynamic_sampling=1.5, max_steps=1, save_steps=1,
+                   log_completions=8)
+    train_rl.main(args)
+    logged = history(tmp_path, 1)[0]
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 8  # 2 prompts x 4 completions trained, from 2 + 3 rolled out
+    odd = {r["prompt"] for r in rows if int(r["ground_truth"]) % 2}
+    assert logged["rollout/groups_without_signal"] == len(odd), (logged, rows)
+    assert logged["rollout/groups_without_signal"] < 2, "the draw of 5 prompts holds at least one even answer"
+    args = rl_args(data, tmp_path / "tree", algo="d-treerpo", dynamic_sampling=0.5)
+    with pytest.raises(ValueError, match="dynamic sampling cannot drop d-treerpo's groups one by one: its rollout"):
+        train_rl.main(args)
+
+
+def test_rollout_rows_can_be_selected():
+    from dare.engines import HFEngine
+    from dare.models import Family, tiny
+    from dare.sampling import SamplingConfig
+    model, tok = tiny("sdar")
+    rollout = HFEngine(model, tok, Family.from_pretrained(model.config, tok)).generate(
+        ["a", "b c"], 2, SamplingConfig(gen_length=8, temperature=1.0, record_states=True), 0)
+    same = rollout.select([0, 1, 2, 3])
+    assert torch.equal(same.completion_ids, rollout.completion_ids) and same.texts == rollout.texts
+    part = rollout.select([3, 2])
+    assert part.texts == rollout.texts[3:1:-1] and torch.equal(part.replay_ids, rollout.replay_ids[[3, 2]])
+    assert all(torch.equal(a, b[[3, 2]]) for a, b in zip(part.states, rollout.states, strict=True))

@@ -35,11 +35,19 @@ class Declared:
     trainer: ClassVar[str] = "rl"  # what trains it: rl (rollouts and rewards) | preference (fixed pairs, no rollout)
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
     needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (Engine.own_samplers)
+    whole_groups: ClassVar[str] = ""  # why a rollout's prompt groups cannot be dropped one by one ("": they can)
 
     def check_family(self, family) -> None:
         if self.families is not None and family.name not in self.families:
             raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
                              f"{', '.join(self.families)}")
+
+    def check_dynamic_sampling(self) -> None:
+        """Refuse dropping and refilling prompt groups where the rollout ties them together."""
+        if self.trainer != "rl":
+            raise ValueError(f"dynamic sampling drops rollout groups; {self.name} trains on fixed pairs, no rollout")
+        if self.whole_groups:
+            raise ValueError(f"dynamic sampling cannot drop {self.name}'s groups one by one: {self.whole_groups}")
 
     def check_engine(self, engine) -> None:
         """Refuse a rollout engine (an ``Engine`` class) that cannot give what the algorithm reads of a rollout."""

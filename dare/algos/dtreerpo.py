@@ -63,6 +63,7 @@ class DTreeRPO(Algorithm):
     """d-TreeRPO: tree rollouts, sibling leave-one-out advantages on edge transitions, self-distillation."""
 
     needs_sampler: ClassVar[str] = "decodings resumed from shared partial canvases (the tree)"
+    whole_groups: ClassVar[str] = "its rollout records every tree's first level beside the leaves"
 
     branch: int = 4  # children of each first-level node (the root gets num_generations / branch children)
     split: float = 0.5  # fraction of the decoding steps the first level takes (the branch point)

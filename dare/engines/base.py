@@ -4,7 +4,7 @@ pick engines from by name, and the run-identity hashes an evaluation fingerprint
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -39,6 +39,17 @@ class Rollout:
     @property
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    def select(self, rows: list[int]) -> "Rollout":
+        """These rows, in this order (forward counts and time stay the whole rollout's: its cost)."""
+        if self.records:
+            raise ValueError(f"a rollout with records ({', '.join(self.records)}) cannot be cut into rows")
+        index = torch.tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        tensors = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "block_step",
+                   "replay_ids", "replay_step")
+        return replace(self, **{k: pick(getattr(self, k)) for k in tensors}, texts=[self.texts[i] for i in rows],
+                       **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")})
 
     @property
     def tokens_per_second(self) -> float:

@@ -16,6 +16,7 @@ iteration, rank), so a resumed run replays exactly.
 
 import hashlib
 import json
+import math
 import os
 import time
 import warnings
@@ -35,6 +36,16 @@ from .reference import frozen_copy, reference
 from .validation import eval_policy, generation_metrics
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
+
+
+def signal_groups(scores: torch.Tensor, group_size: int, keep: int) -> tuple[list[int], int]:
+    """The ``keep`` groups to train on, in rollout order: those whose rewards differ first (a group whose completions
+    all score alike has no group advantage), then alike ones to fill the batch; and how many of those it took."""
+    spread = scores.view(-1, group_size)
+    varied = (spread.max(-1).values > spread.min(-1).values).tolist()
+    chosen = [g for g, v in enumerate(varied) if v][:keep]
+    flat = [g for g, v in enumerate(varied) if not v][:keep - len(chosen)]
+    return sorted(chosen + flat), len(flat)
 
 
 class RepeatSampler(Sampler):
@@ -73,7 +84,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
     def __init__(self, model, args, *, algorithm, family, processing_class, train_rows: list[dict], rewards,
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
-                 console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0):
+                 console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0,
+                 dynamic_sampling: float = 0.0):
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
@@ -85,6 +97,7 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         # what decodes the rollouts and validation: DARE's samplers on the policy, or an engine server (SGLang)
         self.engine = engine or InProcessEngine(processing_class, family, rollout_batch_size)
         self.reward_workers, self.log_completions = reward_workers, log_completions
+        self.dynamic_sampling = dynamic_sampling  # extra prompts per rollout (a fraction), for groups with a signal
         self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
         self.ref_model = frozen_copy(self) if algorithm.beta and not hasattr(model, "disable_adapter") else None
         self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
@@ -118,16 +131,24 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         algo, family, G = self.algorithm, self.family, self.num_generations
         index = self.state.global_step // algo.cycle
         start = time.perf_counter()
+        extra = self._refill_rows(len(rows), index) if self.dynamic_sampling else []
         with eval_policy(self) as policy, self.compute_loss_context_manager(), \
                 self.engine.serving(policy, self.state.global_step) as engine:
-            rollout = algo.rollout(engine, [r["prompt"] for r in rows], G, self.sampling,
+            rollout = algo.rollout(engine, [r["prompt"] for r in rows + extra], G, self.sampling,
                                    self._seed("rollout", index))
         rolled = time.perf_counter()
-        expanded = [r for r in rows for _ in range(G)]
+        expanded = [r for r in rows + extra for _ in range(G)]
         results = self.rewards.score(rollout.texts, expanded, self.reward_workers)
         scored = time.perf_counter()
         device = rollout.completion_ids.device
         scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
+        if extra:  # dynamic sampling: the groups with a reward spread first, as many as the batch holds
+            groups, flat = signal_groups(scores, G, len(rows))
+            self._add("rollout/groups_dropped", sum(g not in groups for g in range(len(rows))))
+            self._add("rollout/groups_without_signal", flat)
+            picks = [g * G + k for g in groups for k in range(G)]
+            rollout, scores = rollout.select(picks), scores[picks]
+            expanded, results = [expanded[i] for i in picks], [results[i] for i in picks]
 
         def reward_of(ids: torch.Tensor, picks: list[int]) -> torch.Tensor:
             texts = decode_completions(self.processing_class, family, ids)[1]
@@ -153,6 +174,14 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
                              time.perf_counter() - scored)
         return parts
+
+    def _refill_rows(self, prompts: int, index: int) -> list[dict]:
+        """Dynamic sampling's extra prompts for rollout ``index``: a fixed draw of the training rows (a resumed run
+        draws the same)."""
+        extra = math.ceil(self.dynamic_sampling * prompts)
+        order = torch.randperm(len(self.train_dataset), generator=torch.Generator().manual_seed(
+            self._seed("refill", index)))
+        return [self.train_dataset[i] for i in order[:extra].tolist()]
 
     @torch.no_grad()
     def _score_old_and_reference(self, parts: list[dict]):
