@@ -423,3 +423,13 @@ def test_gdpo_loss_is_the_clipped_sequence_ratio_and_on_policy_its_gradient_is_r
                                     torch.zeros(2, dtype=torch.float64), None,
                                     {"advantages": torch.tensor([1.0, -1.0], dtype=torch.float64)})[0]
     assert torch.allclose(ratio_loss, torch.tensor([-1.2, 0.8], dtype=torch.float64))  # clipped at 1 +- 0.2
+
+
+def test_chunked_entropy_equals_the_whole_tensor_formula():
+    from dare.likelihood import entropy_of
+    logp = torch.randn(3, 37, 501, dtype=torch.float64).log_softmax(-1)
+    logp[..., :7] = float("-inf")  # banned tokens
+    logp = logp - logp.logsumexp(-1, keepdim=True)
+    expected = -(logp.exp() * logp.masked_fill(torch.isinf(logp), 0)).sum(-1)
+    assert torch.allclose(entropy_of(logp, chunk=5), expected, atol=1e-12)
+    assert torch.allclose(entropy_of(logp.float()), expected.float(), atol=1e-5)
