@@ -204,26 +204,29 @@ def block_stratified_masks(maskable: torch.Tensor, offsets: torch.Tensor, block:
                            generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """EBPO's masks ``[N, rows, R]`` and per-token mask probabilities: blocks on the global grid (completion position
     k of sequence i is in block ``(offsets[i] + k) // block``); the noise levels of all rows x blocks cells of a
-    sequence are stratified (``tau_c = (o + c / C) mod 1``) and block b masks ``q = min(floor(tau l_b) + 1, l_b)``
-    random tokens of its l_b valid ones, so every block has a target; ``p = q / l_b`` on its tokens."""
+    sequence are stratified (``tau_c = (o + c / C) mod 1``, c = row x blocks + the block's rank among the sequence's
+    blocks) and block b masks ``q = min(floor(tau l_b) + 1, l_b)`` random tokens of its l_b valid ones, so every
+    block has a target; ``p = q / l_b`` on its tokens. Batched over sequences, rows and blocks (no Python loop)."""
     n_seq, length = maskable.shape
-    maskable = maskable.bool()
-    masks = torch.zeros(n_seq, rows, length, dtype=torch.bool, device=maskable.device)
-    p = torch.zeros(n_seq, rows, length, device=maskable.device)
-    pos = torch.arange(length, device=maskable.device)
-    for i in range(n_seq):
-        ids = (offsets[i] + pos) // block
-        present = torch.unique(ids[maskable[i]])
-        if not len(present):
-            continue
-        cells = rows * len(present)
-        tau = torch.remainder(uniform((1,), generator, maskable.device) + torch.arange(cells, device=maskable.device)
-                              / cells, 1.0).view(rows, len(present))
-        for c, b in enumerate(present.tolist()):
-            in_block = maskable[i] & (ids == b)
-            size = int(in_block.sum())
-            q = torch.clamp((tau[:, c] * size).floor() + 1, max=size).long()
-            chosen = random_subset(in_block.expand(rows, length), q, generator)
-            masks[i] |= chosen
-            p[i] += in_block * (q.float() / size)[:, None]
+    device, maskable = maskable.device, maskable.bool()
+    ids = (offsets[:, None] + torch.arange(length, device=device)) // block
+    ids = ids - ids[:, :1]  # block index from each sequence's first completion block: [N, R]
+    blocks = int(ids.max()) + 1
+    sizes = torch.zeros(n_seq, blocks, dtype=torch.long, device=device).scatter_add_(1, ids, maskable.long())
+    present = sizes > 0
+    rank = present.long().cumsum(-1) - 1  # a present block's rank among its sequence's blocks
+    count = present.sum(-1, keepdim=True)  # [N, 1] present blocks
+    cells = (rows * count).clamp(min=1)
+    cell = torch.arange(rows, device=device)[None, :, None] * count[:, :, None] + rank[:, None, :]  # [N, rows, B]
+    o = uniform((n_seq, 1, 1), generator, device)
+    tau = torch.remainder(o + cell / cells[:, :, None], 1.0)
+    q = torch.minimum((tau * sizes[:, None]).floor().long() + 1, sizes[:, None])  # [N, rows, B]
+    # a random order of each block's valid positions: sort by (block, uniform), then rank within the block
+    key = ids[:, None].double() + uniform((n_seq, rows, length), generator, device).double()
+    key = key.masked_fill(~maskable[:, None], float(blocks + 1))
+    order = key.argsort(-1).argsort(-1)  # overall rank of each position
+    start = (sizes.cumsum(-1) - sizes).gather(1, ids)  # [N, R]: how many valid positions come before its block
+    q_here = q.gather(2, ids[:, None].expand(-1, rows, -1))
+    masks = maskable[:, None] & (order - start[:, None] < q_here)
+    p = torch.where(maskable[:, None], q_here.float() / sizes.gather(1, ids).clamp(min=1)[:, None].float(), 0.0)
     return masks, p

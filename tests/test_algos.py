@@ -147,6 +147,7 @@ def test_ebpo_every_block_has_a_target_and_weights_are_unbiased():
                 in_block = maskable[i] & (ids == b)
                 counts = masks[i][:, in_block].sum(-1)
                 assert (counts >= 1).all() and (counts <= in_block.sum()).all()
+                assert torch.allclose(p[i][:, in_block], (counts / in_block.sum())[:, None].float())  # p = q / l_b
         total += (masks / p.clamp(min=1e-12)).sum(1).double()
     assert torch.allclose(total[maskable] / draws, torch.ones(int(maskable.sum()), dtype=torch.float64), atol=0.08)
     assert (total[~maskable] == 0).all()
