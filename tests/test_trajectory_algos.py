@@ -499,3 +499,44 @@ def test_agrpo_sampled_steps_average_to_the_full_trajectory_gradient(name, step_
     for parts, e in zip(zip(*grads, strict=True), expected, strict=True):
         if e is not None:
             assert torch.allclose(sum(p for p in parts if p is not None), e, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------------- tracerl
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_tracerl_with_shrinkage_one_is_the_per_step_replay_and_merges_runs_of_s(name):
+    eng = engine(name)
+    fam, model = eng.family, eng.model
+    steps = 4 if not fam.is_block_diffusion else fam.block_size
+    config = SamplingConfig(gen_length=8, temperature=1.0, steps=steps, block_length=None, stop_at_eos=False)
+    cj = get_algorithm("cj-grpo")().validate(fam)
+    rollout = eng.generate(PROMPTS, 2, cj.rollout_sampling(fam, config), seed=3)
+    rewards = torch.tensor([1.0, 0, 0, 1])
+    reference = cj.make_batch(fam, rollout, rewards, 2, None, 0, config)
+    trace = get_algorithm("tracerl")(shrink=1, loss_mask="all").validate(fam)
+    batch = trace.make_batch(fam, rollout, rewards, 2, None, 0, config)
+    assert torch.equal(batch["steps"], reference["steps"])
+    assert torch.equal(trace.score(model, fam, batch, {}, config).logp, cj.score(model, fam, reference, {}, config).logp)
+    runs = get_algorithm("tracerl")(shrink=3).validate(fam)
+    assert runs.streams(fam, config) == -(-steps // 3)
+    assert torch.equal(runs.groups(torch.arange(-1, 10), fam, config),
+                       torch.tensor([-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3]))  # runs of 3, the last one shorter
+    threshold = runs.rollout_sampling(fam, replace(config, steps=None, threshold=0.9))  # the runs follow the trace
+    assert threshold.threshold == 0.9
+
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_dipo_scores_every_step_exactly_as_the_exhaustive_replay(name):
+    """DiPO's likelihood is the exhaustive per-step sum (no sampled masks): each token from the canvas before its
+    step, equal to CJ-GRPO's replay; its clip is the code's clip-higher."""
+    eng = engine(name)
+    fam, model = eng.family, eng.model
+    config = SamplingConfig(gen_length=8, temperature=1.0, threshold=0.5, stop_at_eos=False)
+    dipo = get_algorithm("dipo")(loss_mask="all").validate(fam)
+    rollout = eng.generate(PROMPTS, 2, dipo.rollout_sampling(fam, config), seed=3)
+    rewards = torch.tensor([1.0, 0, 0, 1])
+    cj = get_algorithm("cj-grpo")().validate(fam)
+    reference = cj.make_batch(fam, rollout, rewards, 2, None, 0, config)
+    batch = dipo.make_batch(fam, rollout, rewards, 2, None, 0, config)
+    assert torch.equal(dipo.score(model, fam, batch, {}, config).logp, cj.score(model, fam, reference, {}, config).logp)
+    assert (dipo.eps_low, dipo.eps_high, dipo.dual_clip) == (0.2, 0.28, None)

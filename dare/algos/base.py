@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from ..likelihood import Estimate, rollout_attention
+from ..likelihood import Estimate, Trajectory, decoding_path, rollout_attention
 from ..sampling import SamplingConfig
 from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stats, token_mean
 
@@ -226,3 +226,42 @@ class SequenceLevel(Algorithm):
             stats = {}
         draw = self.estimator(family, sampling).score(model, family, batch, noise, draw=stream).logp[:, 0]
         return (draw * batch["proxy_grad"]).sum() / self.draws(family, sampling), stats
+
+
+@dataclass
+class StepGroups(Algorithm):
+    """An algorithm on the rollout's recorded decoding path whose tokens are scored from the canvas at the start of
+    their step's group (the tokens of earlier groups visible, the rest masked): one forward per group, streamed, the
+    token-level clipped surrogate averaged over the batch's loss tokens. A subclass says how steps form groups."""
+
+    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
+
+    def rollout_sampling(self, family, config):
+        if config.editing_threshold is not None:
+            raise ValueError(f"{self.name} replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, "
+                             "which a step map cannot replay (unset editing_threshold)")
+        return config
+
+    def groups(self, steps: torch.Tensor, family, sampling) -> torch.Tensor:
+        """The group of each recorded step (``steps``: global steps for masked families, block-local for block
+        ones; -1 stays -1), numbered from 0 to ``streams - 1``."""
+        raise NotImplementedError
+
+    def estimator(self, family, sampling):
+        return Trajectory(self.streams(family, sampling))
+
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
+        ids, steps, loss_mask = decoding_path(family, rollout, self.loss_mask == "upto_first_eos")
+        groups = self.groups(steps, family, sampling)
+        batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=groups, loss_mask=loss_mask)
+        return batch
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        # a forward even without targets: every rank runs the same number of graphs
+        est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
+        target = (batch["steps"] == stream) & batch["loss_mask"].bool()
+        old = batch["old"][slot] if "old" in batch else est.logp.detach()
+        ref = batch["ref"][slot] if self.beta else None
+        per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
+        return (per_token * target).sum() / normaliser.clamp(min=1), masked_stats(stats, target)

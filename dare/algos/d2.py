@@ -16,15 +16,12 @@ sampler; no DARE family is such a model, so it is not here.
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from ..likelihood import Trajectory, decoding_path
 from ..sampling import step_budget
 from . import register
-from .base import Algorithm
-from .core import masked_stats
+from .base import StepGroups
 
 
 def merged_steps(steps: torch.Tensor, total: int, groups: int) -> torch.Tensor:
@@ -35,10 +32,8 @@ def merged_steps(steps: torch.Tensor, total: int, groups: int) -> torch.Tensor:
 
 @register("d2")
 @dataclass
-class D2(Algorithm):
+class D2(StepGroups):
     """d2 StepMerge: the decoding path's steps merged into N groups, each scored from its starting canvas."""
-
-    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
 
     merge_groups: int = 8  # N forwards per sample (capped at the rollout's steps)
     advantage: str = "drgrpo"  # the StepMerge code: r - mean
@@ -50,32 +45,13 @@ class D2(Algorithm):
         return super().validate(family)
 
     def rollout_sampling(self, family, config):
-        if config.editing_threshold is not None:
-            raise ValueError("d2 replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, which a step "
-                             "map cannot replay (unset editing_threshold)")
         if config.threshold is not None or config.factor is not None:
             raise ValueError("d2 merges a fixed schedule of steps into groups: use a step schedule, not "
                              "threshold/factor decoding")
-        return config
+        return super().rollout_sampling(family, config)
 
     def streams(self, family, sampling) -> int:
         return min(self.merge_groups, step_budget(sampling, family))
 
-    def estimator(self, family, sampling):
-        return Trajectory(self.streams(family, sampling))
-
-    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
-        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
-        ids, steps, loss_mask = decoding_path(family, rollout, self.loss_mask == "upto_first_eos")
-        groups = merged_steps(steps, step_budget(sampling, family), self.streams(family, sampling))
-        batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=groups, loss_mask=loss_mask)
-        return batch
-
-    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
-        # a forward even without targets: every rank runs the same number of graphs
-        est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
-        target = (batch["steps"] == stream) & batch["loss_mask"].bool()
-        old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot] if self.beta else None
-        per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
-        return (per_token * target).sum() / normaliser.clamp(min=1), masked_stats(stats, target)
+    def groups(self, steps, family, sampling):
+        return merged_steps(steps, step_budget(sampling, family), self.streams(family, sampling))

@@ -1,0 +1,38 @@
+"""DiPO, the policy optimisation of DiRL (Zhu et al., arXiv 2512.22234; code: github.com/OpenMOSS/DiRL): unbiased
+step-level GRPO for block diffusion.
+
+Every decoding step of the rollout is scored exactly: the tokens a step committed, from the canvas the sampler saw
+before it (block families: block-local step k of every block in one ``[x_t ‖ x_0]`` forward, as the paper's SDAR
+runs), so the likelihood is the sampler's own, with no random masks (the paper's "unbiased"). The loss is Eq. (7):
+a per-token clipped ratio (clip-higher: [1 - 0.2, 1 + 0.28]), group z-score advantages, a token mean over every
+scored token of the batch; the paper's KL term is 0 in every released script. Its dynamic sampling (groups whose
+completions all score alike are dropped and refilled) is the trainer's ``--dynamic-sampling``.
+
+Where DARE differs from the paper and code: Eq. (8)'s joint ratio of a whole step is not built (the code does not
+either: it uses Eq. (7)); the loss is a token mean over the batch's loss tokens (Eq. (6) divides each trajectory by
+its step count, the code by an approximate token count); the optional speed reward (off in every script) is not here.
+Masked families replay their global steps (one forward per step), a DARE extension.
+"""
+
+from dataclasses import dataclass
+
+from ..sampling import step_budget
+from . import register
+from .base import StepGroups
+
+
+@register("dipo")
+@dataclass
+class DiPO(StepGroups):
+    """DiPO: every recorded decoding step scored from its own canvas, token-level clipped ratio."""
+
+    eps_high: float = 0.28  # the code's clip-higher
+    dual_clip: float | None = None
+    advantage: str = "grpo"  # the code: group z-score
+    loss_mask: str = "upto_first_eos"
+
+    def streams(self, family, sampling) -> int:
+        return step_budget(sampling, family)
+
+    def groups(self, steps, family, sampling):
+        return steps
