@@ -516,7 +516,8 @@ def test_tracerl_with_shrinkage_one_is_the_per_step_replay_and_merges_runs_of_s(
     trace = get_algorithm("tracerl")(shrink=1, loss_mask="all").validate(fam)
     batch = trace.make_batch(fam, rollout, rewards, 2, None, 0, config)
     assert torch.equal(batch["steps"], reference["steps"])
-    assert torch.equal(trace.score(model, fam, batch, {}, config).logp, cj.score(model, fam, reference, {}, config).logp)
+    exact = cj.score(model, fam, reference, {}, config).logp
+    assert torch.equal(trace.score(model, fam, batch, {}, config).logp, exact)
     runs = get_algorithm("tracerl")(shrink=3).validate(fam)
     assert runs.streams(fam, config) == -(-steps // 3)
     assert torch.equal(runs.groups(torch.arange(-1, 10), fam, config),
