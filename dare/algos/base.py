@@ -103,7 +103,10 @@ class Algorithm(Declared):
         raise NotImplementedError(f"{type(self).__name__} must choose a likelihood estimator")
 
     # -- rollout ------------------------------------------------------------------------------------------------
-    def rollout(self, engine, prompts: list, n: int, sampling: SamplingConfig, seed: int):
+    def rollout(self, engine, prompts: list, n: int, sampling: SamplingConfig, seed: int, *, rows=None, score=None):
+        """``n`` completions of each prompt. ``rows``: the prompts' data rows (ground truth, reference solution);
+        ``score(texts, picks)``: the rewards (``RewardResult``) of ``texts`` as completions of expanded rows
+        ``picks`` (row ``i * n + k`` is sample k of prompt i), for algorithms that decide on rewards mid-rollout."""
         return engine.generate(prompts, n, sampling, seed)
 
     def advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ class DTreeRPO(Algorithm):
             raise ValueError(f"need branch >= 1 and 0 < split < 1, got branch={self.branch}, split={self.split}")
         return super().validate(family)
 
-    def rollout(self, engine, prompts, n, sampling, seed):
+    def rollout(self, engine, prompts, n, sampling, seed, *, rows=None, score=None):
         if n % self.branch:
             raise ValueError(f"num_generations ({n}) must be a multiple of branch ({self.branch}): each prompt's tree "
                              f"has num_generations leaves")

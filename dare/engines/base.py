@@ -13,6 +13,8 @@ from ..data.chat import encode
 from ..registry import Registry
 from ..sampling.primitives import after_first
 
+COMPLETION_SIDE = ("completion_ids", "completion_mask", "step_map", "block_step", "replay_ids", "replay_step", "given")
+
 
 @dataclass
 class Rollout:
@@ -35,6 +37,8 @@ class Rollout:
     replay_ids: torch.Tensor | None = None  # block families [N, R + block - 1]: decoded tokens, last and stop blocks
     replay_step: torch.Tensor | None = None  # their block-local steps (-1: not decoded)
     records: dict = field(default_factory=dict)  # algorithm-specific rollout records (e.g. a tree's inner nodes)
+    given: torch.Tensor | None = None  # [N, R] bool: positions whose token the caller supplied (inpainted hints)
+    stats: dict = field(default_factory=dict)  # an algorithm's rollout metrics {name: (sum, count)}, logged
 
     @property
     def num_tokens(self) -> int:
@@ -46,10 +50,28 @@ class Rollout:
             raise ValueError(f"a rollout with records ({', '.join(self.records)}) cannot be cut into rows")
         index = torch.tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
         pick = lambda t: None if t is None else t[index]  # noqa: E731
-        tensors = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "block_step",
-                   "replay_ids", "replay_step")
+        tensors = ("prompt_ids", "prompt_mask") + COMPLETION_SIDE
         return replace(self, **{k: pick(getattr(self, k)) for k in tensors}, texts=[self.texts[i] for i in rows],
                        **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")})
+
+    def overwrite(self, rows: list[int], other: "Rollout", picks: list[int]) -> "Rollout":
+        """This rollout with its rows ``rows`` replaced by ``other``'s rows ``picks`` (completions of the same prompts:
+        the prompt side stays; forward counts and time add up)."""
+        if self.states or self.predictions or self.records or other.states or other.records:
+            raise ValueError("rollouts with recorded states or records cannot be spliced row by row")
+        out = replace(self, texts=list(self.texts), nfe=self.nfe + other.nfe, seconds=self.seconds + other.seconds)
+        if out.given is None and other.given is not None:
+            out.given = torch.zeros(self.completion_ids.shape, dtype=torch.bool, device=self.completion_ids.device)
+        for name in COMPLETION_SIDE:
+            mine, theirs = getattr(out, name), getattr(other, name)
+            if mine is None or theirs is None:
+                continue
+            mine = mine.clone()
+            mine[rows] = theirs[picks].to(mine.dtype)
+            setattr(out, name, mine)
+        for row, pick in zip(rows, picks, strict=True):
+            out.texts[row] = other.texts[pick]
+        return out
 
     @property
     def tokens_per_second(self) -> float:

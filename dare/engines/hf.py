@@ -35,10 +35,14 @@ class HFEngine(Engine):
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
-                 to_step: int | None = None) -> Rollout:
+                 to_step: int | None = None, given: torch.Tensor | None = None) -> Rollout:
         """``n`` completions per prompt (prompt-major). ``canvas``/``from_step``/``to_step``: resume each row's
-        partial decoding (masked families; one canvas row per output row), see ``dare.sampling.generate``."""
+        partial decoding (one canvas row per output row), see ``dare.sampling.generate``; the samplers only ever
+        commit masked positions, so a canvas's tokens stay as given. ``given`` ``[N, R]``: the canvas positions that
+        are supplied hints rather than the policy's own tokens (inpainting), kept in ``Rollout.given``."""
         config = config or SamplingConfig()
+        if given is not None and (canvas is None or (given.bool() & (canvas == self.family.mask_id)).any()):
+            raise ValueError("given marks canvas tokens: it needs a canvas with a token at every given position")
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         ids = check_prompts([p for p in self.encode(prompts) for _ in range(n)])
@@ -73,11 +77,13 @@ class HFEngine(Engine):
                 g.states += [g.states[-1]] * extra
         steps = lambda name: [torch.cat(s) for s in zip(*[getattr(g, name) for _, _, g in parts], strict=True)]
         replay = parts[0][2].replay_ids is not None
+        if given is not None:  # hints a block family's post-stop padding erased are no longer given
+            given = given.to(completion.device).bool() & (completion == canvas.to(completion.device))
         return Rollout(prompt_ids, prompt_mask, completion, completion_mask, step_map,
                        torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),
                        seconds, steps("states"), steps("predictions"), steps("confidences"),
                        torch.cat([g.replay_ids for _, _, g in parts]) if replay else None,
-                       torch.cat([g.replay_step for _, _, g in parts]) if replay else None)
+                       torch.cat([g.replay_step for _, _, g in parts]) if replay else None, given=given)
 
 
 class InProcessEngine:

@@ -134,10 +134,12 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         extra = self._refill_rows(len(rows), index) if self.dynamic_sampling else []
         with eval_policy(self) as policy, self.compute_loss_context_manager(), \
                 self.engine.serving(policy, self.state.global_step) as engine:
+            expanded = [r for r in rows + extra for _ in range(G)]
             rollout = algo.rollout(engine, [r["prompt"] for r in rows + extra], G, self.sampling,
-                                   self._seed("rollout", index))
+                                   self._seed("rollout", index), rows=rows + extra,
+                                   score=lambda texts, picks: self.rewards.score(texts, [expanded[i] for i in picks],
+                                                                                 self.reward_workers))
         rolled = time.perf_counter()
-        expanded = [r for r in rows + extra for _ in range(G)]
         results = self.rewards.score(rollout.texts, expanded, self.reward_workers)
         scored = time.perf_counter()
         device = rollout.completion_ids.device
@@ -254,6 +256,8 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         if self.engine.sync_seconds:  # an engine server's copy of the policy's weights
             self._add("time/weight_sync", self.engine.sync_seconds)
         self._add("rollout/nfe", rollout.nfe)
+        for name, (total, count) in rollout.stats.items():
+            self._add(f"rollout/{name}", float(total), float(count))
         if self.log_completions and self.is_world_process_zero():
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a") as f:
                 for i in range(min(self.log_completions, len(rows))):
