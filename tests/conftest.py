@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,20 @@ def pytest_configure(config):
     # The test models are tiny: one intra-op thread is as fast as two and does not collapse when the cores are
     # shared (two spinning OpenMP threads on a busy 2-core machine made a 64x128 matmul take 10 ms, not 30 us).
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def hub_mode(monkeypatch):
+    """``dare.hub.before_loading`` turns the process offline when the hub cannot be reached (every test machine
+    without a network): undone after each test, so no test sees another's mode."""
+    import datasets.config
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
+    if "HF_HUB_OFFLINE" in os.environ:
+        monkeypatch.setenv("HF_HUB_OFFLINE", os.environ["HF_HUB_OFFLINE"])
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
 
 @pytest.fixture(scope="module")

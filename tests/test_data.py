@@ -151,10 +151,19 @@ def test_public_datasets_read_alike_from_the_hub_and_from_the_local_copy(monkeyp
 
 
 def test_public_dataset_errors_name_the_flag(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    from dare import hub
     hub_serving(monkeypatch, {})
+    monkeypatch.setattr(hub, "reachable", lambda: True)  # a hub that answers, but not for this name
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main \(split train\) could not be loaded "
                                       r"\(ConnectionError: .*\); with a local copy "
                                       r"\(gsm8k_1.parquet/gsm8k_train.parquet\) give its folder as --data.local-dir"):
+        load_rows("openai/gsm8k:main", "train")
+    monkeypatch.setattr(hub, "reachable", lambda: False)  # no network: offline mode, and the name is not cached
+    with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main: not in the local hub cache .* cannot be "
+                                      r"reached .*; with a local copy \(gsm8k_1.parquet/gsm8k_train.parquet\) give"):
         load_rows("openai/gsm8k:main", "train")
     with pytest.raises(FileNotFoundError, match=r"openai/gsm8k:main, split 'test': no local copy in .* \(looked for "
                                                 r".*/test/gsm8k_1.parquet, .*/gsm8k_1.parquet, "
