@@ -12,8 +12,10 @@ memory during training (resident set on CPU, allocator peak on CUDA).
 ``NAME:control`` is NAME trained on the negated reward (every advantage flips sign): its reward must fall.
 ``NAME:paper`` uses the paper's hyper-parameters where they differ from the reference implementation's: the
 ``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo, wd1,
-gdpo, agrpo, d2). The generation length comes from the task's reference answers (a shorter ``--gen-length`` is
-refused), and a start whose held-out reward is 0 or 1 (no learning signal) stops the lab before any RL runs.
+gdpo, agrpo, d2, tracerl, igpo). ``NAME:lab`` uses the algorithm's own learning rate from
+``recipes/lab/profiles.yaml`` where the shared one does not make it learn. The generation length comes from the task's
+reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
+signal) stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
 in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new.
 """
@@ -44,8 +46,14 @@ from dare.eval.lab import held_out, mean_se, mistake_pairs, paired  # noqa: E402
 
 def profile(spec: str) -> dict:
     """``NAME:paper``: the ``algo_config`` and ``rollout`` sections of ``recipes/llada/<name>_math_paper.yaml`` (the
-    paper's values where DARE's recipe follows the reference implementation); else nothing."""
+    paper's values where DARE's recipe follows the reference implementation); ``NAME:lab``: the algorithm's entry in
+    ``recipes/lab/profiles.yaml`` (its own learning rate, found by a sweep); else nothing."""
     name, _, variant = spec.partition(":")
+    if variant == "lab":
+        profiles = yaml.safe_load((ROOT / "recipes" / "lab" / "profiles.yaml").read_text())
+        if name not in profiles:
+            raise SystemExit(f"no lab profile for {name}: recipes/lab/profiles.yaml has {sorted(profiles)}")
+        return profiles[name]
     path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
     if variant != "paper":
         return {}
@@ -147,6 +155,9 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
     if lab.num_iterations is not None and hasattr(a.algo_config, "num_iterations"):
         a.algo_config.num_iterations = lab.num_iterations
     for section, values in profile(spec).items():
+        if section == "learning_rate":
+            a.learning_rate = values
+            continue
         for knob, value in values.items():
             setattr(getattr(a, section), knob, value)
     cycle = getattr(a.algo_config, "cycle", 1)  # optimiser steps per rollout batch
@@ -244,10 +255,11 @@ def supported(spec: str, family: str) -> bool:
 def expand(algos: list[str]) -> list[str]:
     algos = list(dict.fromkeys(s for a in algos for s in (known() + ["d1:control"] if a == "all" else [a])))
     unknown = [a for a in algos if a.partition(":")[0] not in known() or a.partition(":")[2] not in
-               ("", "control", "paper")]
+               ("", "control", "paper", "lab")]
     if unknown:
         raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants: NAME:paper "
-                         "(where recipes/llada/NAME_math_paper.yaml exists) and NAME:control")
+                         "(where recipes/llada/NAME_math_paper.yaml exists), NAME:lab (recipes/lab/profiles.yaml) "
+                         "and NAME:control")
     for spec in algos:
         profile(spec)  # a missing paper profile fails before anything runs
     return algos
