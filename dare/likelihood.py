@@ -300,38 +300,26 @@ def gauss_legendre(points: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass
-class QuadratureElbo:
+class QuadratureElbo(MCElbo):
     """GDPO's semi-deterministic Monte-Carlo ELBO per draw ``[N, points x per_point]``: the time integral of
     ``(1/t) E[sum_masked log p]`` on the Gauss-Legendre nodes of [0, 1], each token masked with probability ``t_n``
-    at node n (``per_point`` draws per node, one forward each). Each draw's value carries its quadrature weight
-    (``D w_n / (K t_n)``), so the plain mean over the D draws is the estimate; divided by L. For the forward
-    process's masks the integrand is a polynomial of degree < L in t: exact in expectation when L <= 2 points
-    (block families: per block, L the block size)."""
+    at node n (``per_point`` draws per node, one forward each). A draw's ``p`` folds in its quadrature weight
+    (``p = K t_n / (D w_n)``), so ``MCElbo``'s plain mean over the D draws is the estimate; divided by L. For the
+    forward process's masks the integrand is a polynomial of degree < L in t: exact in expectation when
+    L <= 2 points (block families: per block, L the block size)."""
 
     points: int = 3
     per_point: int = 1
 
-    @property
-    def samples(self) -> int:
-        return self.points * self.per_point
+    def __post_init__(self):
+        self.samples, self.per_token = self.points * self.per_point, True
 
     def corrupt(self, family, batch, generator=None) -> dict:
         maskable = _maskable(batch)
         t, w = (v.repeat_interleave(self.per_point).to(maskable.device) for v in gauss_legendre(self.points))
         draws = uniform((len(maskable), self.samples, maskable.shape[1]), generator, maskable.device)
         masks = maskable[:, None] & (draws < t[None, :, None].to(draws.dtype))
-        weight = (self.samples * w / (self.per_point * t)).expand(len(maskable), -1)
-        return {"masks": masks, "weight": weight}
-
-    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
-        draws = range(self.samples) if draw is None else [draw]
-        length = _maskable(batch).sum(-1).clamp(min=1)
-        values = []
-        for j in draws:
-            masked = noise["masks"][:, j]
-            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
-            values.append((logp * masked).sum(-1) * noise["weight"][:, j].to(logp.dtype) / length)
-        return Estimate(torch.stack(values, -1))
+        return {"masks": masks, "p": (self.per_point * t / (self.samples * w)).expand(len(maskable), -1)}
 
 
 @dataclass

@@ -44,7 +44,7 @@ class GDPO(SequenceLevel):
         return super().validate(family)
 
     def estimator(self, family, sampling):
-        return QuadratureElbo(self.points, self.per_point)
+        return QuadratureElbo(points=self.points, per_point=self.per_point)
 
     def sequence_loss(self, value, old, ref, batch):
         ratio = torch.exp(value - old)  # value = ELBO / L
