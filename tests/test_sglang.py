@@ -173,7 +173,7 @@ def test_what_sglang_cannot_do_is_refused():
     with pytest.raises(ValueError, match="Unknown engine 'vllm'"):
         get_engine("vllm")
     refused = [a for a in known() if getattr(get_algorithm(a), "needs_sampler", "")]
-    assert refused == ["cj-grpo", "d-treerpo", "justgrpo", "mdpo"]
+    assert refused == ["agrpo", "cj-grpo", "d-treerpo", "d2", "dipo", "igpo", "justgrpo", "mdpo", "tracerl"]
     for name in known():
         algo = get_algorithm(name)()
         if name in refused:
