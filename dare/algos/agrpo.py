@@ -23,9 +23,9 @@ choices by confidence depend on the parameters and are ignored, as in the paper 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..likelihood import SampledSteps, decoding_path
+from ..likelihood import SampledSteps
 from . import register
-from .base import Algorithm
+from .base import StepGroups
 from .core import masked_stats
 
 STEP_WEIGHTS = ("mean", "sum")
@@ -33,7 +33,7 @@ STEP_WEIGHTS = ("mean", "sum")
 
 @register("agrpo")
 @dataclass
-class AGRPO(Algorithm):
+class AGRPO(StepGroups):
     """AGRPO: K uniformly drawn decoding steps per row, each scored exactly from its recorded canvas."""
 
     needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays sampled decoding steps)"
@@ -51,12 +51,6 @@ class AGRPO(Algorithm):
             raise ValueError(f"Unknown step_weight {self.step_weight!r}; known: {list(STEP_WEIGHTS)}")
         return super().validate(family)
 
-    def rollout_sampling(self, family, config):
-        if config.editing_threshold is not None:
-            raise ValueError("agrpo replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, which a "
-                             "step map cannot replay (unset editing_threshold)")
-        return config
-
     def streams(self, family, sampling) -> int:
         return self.samples
 
@@ -64,11 +58,8 @@ class AGRPO(Algorithm):
         banned = (family.mask_id,) + ((family.eos_id,) if sampling.suppress_eos else ())
         return SampledSteps(self.samples, sampling.temperature or 1.0, banned, self.step_weight)
 
-    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
-        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
-        ids, steps, loss_mask = decoding_path(family, rollout, self.loss_mask == "upto_first_eos")
-        batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=steps, loss_mask=loss_mask)
-        return batch
+    def groups(self, steps, family, sampling):
+        return steps  # the recorded steps themselves; a draw picks one of them
 
     def normaliser(self, family, batch, sampling):
         """Rows with at least one loss token."""

@@ -235,7 +235,8 @@ class SequenceLevel(Algorithm):
 class StepGroups(Algorithm):
     """An algorithm on the rollout's recorded decoding path whose tokens are scored from the canvas at the start of
     their step's group (the tokens of earlier groups visible, the rest masked): one forward per group, streamed, the
-    token-level clipped surrogate averaged over the batch's loss tokens. A subclass says how steps form groups."""
+    token-level clipped surrogate averaged over the batch's loss tokens. A subclass says how steps form groups
+    (``groups``) and how many there are (``streams``)."""
 
     needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
 
@@ -260,11 +261,17 @@ class StepGroups(Algorithm):
         batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=groups, loss_mask=loss_mask)
         return batch
 
-    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+    def group_surrogate(self, model, family, batch, slot, stream, sampling):
+        """``(per_token, target, stats)`` of group ``stream``: the clipped surrogate of every position scored from the
+        group's starting canvas, the group's loss tokens, and their statistics."""
         # a forward even without targets: every rank runs the same number of graphs
         est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
         target = (batch["steps"] == stream) & batch["loss_mask"].bool()
         old = batch["old"][slot] if "old" in batch else est.logp.detach()
         ref = batch["ref"][slot] if self.beta else None
         per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
-        return (per_token * target).sum() / normaliser.clamp(min=1), masked_stats(stats, target)
+        return per_token, target, masked_stats(stats, target)
+
+    def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
+        per_token, target, stats = self.group_surrogate(model, family, batch, slot, stream, sampling)
+        return (per_token * target).sum() / normaliser.clamp(min=1), stats

@@ -13,25 +13,21 @@ paper's EOS early rejection and ascending step sizes are sampler options: ``--ro
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from ..likelihood import Trajectory, decoding_path
+from ..likelihood import trajectory_blocks
 from ..sampling import step_budget
 from . import register
-from .base import Algorithm
-from .core import masked_stats
+from .base import StepGroups
 
 AGGREGATIONS = ("step", "transition")
 
 
 @register("cj-grpo")
 @dataclass
-class CJGRPO(Algorithm):
+class CJGRPO(StepGroups):
     """CJ-GRPO: exact per-step transition log-probs along the recorded decoding trajectory."""
-
-    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
 
     advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
     loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
@@ -44,22 +40,14 @@ class CJGRPO(Algorithm):
             raise ValueError(f"Unknown aggregation {self.aggregation!r}; known: {list(AGGREGATIONS)}")
         return super().validate(family)
 
-    def rollout_sampling(self, family, config):
-        if config.editing_threshold is not None:
-            raise ValueError("cj-grpo replays first-unmask steps; LLaDA2.1 editing overwrites decoded tokens, which a "
-                             "step map cannot replay (unset editing_threshold)")
-        return config
-
     def streams(self, family, sampling) -> int:
         return step_budget(sampling, family)  # one per decoding step (block families: per step of a block)
 
-    def estimator(self, family, sampling):
-        return Trajectory(self.streams(family, sampling))
+    def groups(self, steps, family, sampling):
+        return steps  # every step its own group
 
     def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
         batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
-        ids, steps, loss_mask = decoding_path(family, rollout, self.loss_mask == "upto_first_eos")
-        batch.update(completion_ids=ids, completion_mask=(steps >= 0).long(), steps=steps, loss_mask=loss_mask)
         if self.aggregation == "transition":
             batch["weights"] = self._transition_weights(family, batch, self.streams(family, sampling))
         return batch
@@ -67,12 +55,7 @@ class CJGRPO(Algorithm):
     def _transition_weights(self, family, batch, steps_per_block: int):
         """1 / (tokens of the token's (block, step) transition) / (transitions of its sample), on loss tokens."""
         steps, mask = batch["steps"], batch["loss_mask"].bool()
-        length = steps.shape[1]
-        if family.is_block_diffusion:  # blocks on the global grid (counted from the first real prompt token)
-            offset = batch["prompt_mask"].sum(-1, keepdim=True)
-            block = (offset + torch.arange(length, device=steps.device)) // family.block_size
-        else:
-            block = torch.zeros_like(steps)
+        block = trajectory_blocks(family, batch)  # blocks on the global grid; one for masked families
         key = (block * (steps_per_block + 1) + steps.clamp(min=0)) * mask
         counts = torch.zeros(len(steps), int(key.max()) + 1, device=steps.device).scatter_add_(1, key, mask.float())
         transitions = (counts > 0).sum(-1, keepdim=True).clamp(min=1)
@@ -86,14 +69,9 @@ class CJGRPO(Algorithm):
         return torch.bincount(batch["steps"][mask], minlength=steps)[:steps]
 
     def step_loss(self, model, family, batch, slot, stream, normaliser, sampling):
-        # a forward even without targets: every rank runs the same number of graphs
-        est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
-        target = (batch["steps"] == stream) & batch["loss_mask"].bool()
-        old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot] if self.beta else None
-        per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
+        per_token, target, stats = self.group_surrogate(model, family, batch, slot, stream, sampling)
         if self.aggregation == "transition":
             loss = (per_token * batch["weights"] * target).sum() / normaliser.clamp(min=1)
         else:  # token mean of this step over the whole batch, averaged over the steps that exist
             loss = (per_token * target).sum() / normaliser[stream].clamp(min=1) / (normaliser > 0).sum().clamp(min=1)
-        return loss, masked_stats(stats, target)
+        return loss, stats
