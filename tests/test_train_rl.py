@@ -257,3 +257,24 @@ def test_rollout_rows_can_be_selected():
     part = rollout.select([3, 2])
     assert part.texts == rollout.texts[3:1:-1] and torch.equal(part.replay_ids, rollout.replay_ids[[3, 2]])
     assert all(torch.equal(a, b[[3, 2]]) for a, b in zip(part.states, rollout.states, strict=True))
+
+
+def test_a_rollouts_rewards_are_scored_once_per_prompt_and_text():
+    """IGPO scores mid-rollout and the trainer scores the rollout it returns: each (prompt, text) once."""
+    from types import SimpleNamespace
+
+    from dare.trainers.rl import DiffusionRLTrainer
+    seen = []
+
+    class Counting:
+        def score(self, texts, rows, workers):
+            seen.extend(texts)
+            return [RewardResult(float(len(t)), 0.0) for t in texts]
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    expanded = [r for r in rows for _ in range(2)]
+    score = DiffusionRLTrainer._scorer(SimpleNamespace(rewards=Counting(), reward_workers=1), expanded, 2)
+    assert [r.score for r in score(["x", "yy"], [0, 3])] == [1.0, 2.0]
+    assert [r.score for r in score(["x", "x", "zzz", "yy"], range(4))] == [1.0, 1.0, 3.0, 2.0]
+    assert seen == ["x", "yy", "zzz"], "prompt 0's x and prompt 1's yy were known"
+    score(["x"], [2])
+    assert seen[-1] == "x", "the same text of another prompt is scored against that prompt"

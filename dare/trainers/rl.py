@@ -132,15 +132,14 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         index = self.state.global_step // algo.cycle
         start = time.perf_counter()
         extra = self._refill_rows(len(rows), index) if self.dynamic_sampling else []
+        expanded = [r for r in rows + extra for _ in range(G)]
+        score = self._scorer(expanded, G)
         with eval_policy(self) as policy, self.compute_loss_context_manager(), \
                 self.engine.serving(policy, self.state.global_step) as engine:
-            expanded = [r for r in rows + extra for _ in range(G)]
             rollout = algo.rollout(engine, [r["prompt"] for r in rows + extra], G, self.sampling,
-                                   self._seed("rollout", index), rows=rows + extra,
-                                   score=lambda texts, picks: self.rewards.score(texts, [expanded[i] for i in picks],
-                                                                                 self.reward_workers))
+                                   self._seed("rollout", index), rows=rows + extra, score=score)
         rolled = time.perf_counter()
-        results = self.rewards.score(rollout.texts, expanded, self.reward_workers)
+        results = score(rollout.texts, range(len(expanded)))
         scored = time.perf_counter()
         device = rollout.completion_ids.device
         scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
@@ -176,6 +175,20 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
                              time.perf_counter() - scored)
         return parts
+
+    def _scorer(self, expanded: list[dict], group_size: int):
+        """``score(texts, picks)``: the rewards of ``texts`` as completions of rows ``expanded[picks]``, each (prompt,
+        text) scored once per rollout (an algorithm that scores mid-rollout, and the trainer after it, share them)."""
+        done = {}
+
+        def score(texts, picks):
+            keys = [(i // group_size, text) for text, i in zip(texts, picks, strict=True)]
+            todo = {key: i for key, i in zip(keys, picks, strict=True) if key not in done}
+            found = self.rewards.score([text for _, text in todo], [expanded[i] for i in todo.values()],
+                                       self.reward_workers)
+            done.update(zip(todo, found, strict=True))
+            return [done[key] for key in keys]
+        return score
 
     def _refill_rows(self, prompts: int, index: int) -> list[dict]:
         """Dynamic sampling's extra prompts for rollout ``index``: a fixed draw of the training rows (a resumed run
