@@ -34,6 +34,7 @@ edge_transition  d-TreeRPO: a tree node's children scored from the node's state,
 
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 from .diffusion import (
@@ -292,9 +293,7 @@ class SequenceElbo:
 
 def gauss_legendre(points: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Nodes and weights of the ``points``-point Gauss-Legendre rule on [0, 1] (weights sum to 1; exact for
-    polynomials of degree < 2 points), float64."""
-    import numpy  # numpy's leggauss: the nodes to machine precision
-
+    polynomials of degree < 2 points), float64, from numpy's ``leggauss``."""
     x, w = numpy.polynomial.legendre.leggauss(points)
     return torch.from_numpy((x + 1) / 2), torch.from_numpy(w / 2)
 
@@ -416,6 +415,13 @@ def decoding_path(family, rollout, upto_first_eos: bool = False):
     return ids, steps, loss_mask.long()
 
 
+def canvas_before(family, batch, step) -> torch.Tensor:
+    """``prompt ‖ completion`` as the sampler saw it before ``step`` (an int, or a tensor broadcast against
+    ``batch["steps"]``): the tokens of earlier steps visible, the rest masked."""
+    hidden = (batch["steps"] >= step) | (batch["steps"] < 0)
+    return torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(hidden, family.mask_id)], 1)
+
+
 @dataclass
 class Trajectory:
     """CJ-GRPO's replay of the rollout's decoding path. ``batch["steps"]`` ``[N, R]`` holds the step that committed
@@ -432,9 +438,7 @@ class Trajectory:
 
     def score(self, model, family, batch, noise, step: int | None = None) -> Estimate:
         if step is not None:
-            hidden = (batch["steps"] >= step) | (batch["steps"] < 0)
-            completion = batch["completion_ids"].masked_fill(hidden, family.mask_id)
-            return score_tokens(model, family, batch, torch.cat([batch["prompt_ids"], completion], 1))
+            return score_tokens(model, family, batch, canvas_before(family, batch, step))
         logp = torch.zeros(batch["steps"].shape, device=batch["steps"].device)
         entropy = torch.zeros_like(logp)
         for s in range(self.steps):
@@ -488,9 +492,7 @@ class SampledSteps:
         if draw is None:  # every draw (no-grad old / reference scoring): [N, K, R]
             ests = [self.score(model, family, batch, noise, j) for j in range(self.samples)]
             return Estimate(torch.stack([e.logp for e in ests], 1), torch.stack([e.entropy for e in ests], 1))
-        hidden = (batch["steps"] >= noise["at"][:, draw]) | (batch["steps"] < 0)
-        completion = batch["completion_ids"].masked_fill(hidden, family.mask_id)
-        return score_tokens(model, family, batch, torch.cat([batch["prompt_ids"], completion], 1), self.temperature,
+        return score_tokens(model, family, batch, canvas_before(family, batch, noise["at"][:, draw]), self.temperature,
                             self.banned)
 
 
