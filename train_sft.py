@@ -28,6 +28,7 @@ class Args:
     output_dir: str = "outputs/sft"  # checkpoints, logs and the final model go here
     learning_rate: float = 1e-4  # peak learning rate of AdamW
     weight_decay: float = 0.01  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
     adam_beta2: float = 0.95  # AdamW beta2
     warmup_steps: float = 0.1  # < 1: fraction of the training steps
     lr_scheduler_type: str = "cosine"  # transformers schedule: constant | linear | cosine | ...
@@ -83,6 +84,9 @@ def main(args: Args):
     checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     sp = args.sequence_parallel
+    if family.noise == "uniform" and (args.data.pack or sp > 1):
+        raise ValueError(f"{family.name} reads each whole row with its causal encoder: data.pack and "
+                         "sequence_parallel > 1 are not supported for it")
     if sp > 1 and (args.data.pad_to != "max_length" or args.data.max_length % sp):
         raise ValueError(f"sequence_parallel={args.sequence_parallel} splits every row: use data.pad_to=max_length "
                          f"with a data.max_length divisible by it (got {args.data.pad_to}, {args.data.max_length})")
@@ -103,7 +107,8 @@ def main(args: Args):
     generation = held_out_generation(args, tokenizer, family, positions) if args.eval_generate else None
     training_args = TrainingArguments(  # first: under ZeRO-3 (zero3_init_flag) the weights load partitioned
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-        adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps, lr_scheduler_type=args.lr_scheduler_type,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps,
+        lr_scheduler_type=args.lr_scheduler_type,
         max_grad_norm=args.max_grad_norm, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=mixed_precision(args.bf16),

@@ -22,6 +22,11 @@ recipe we follow UPSTREAM:
 * llada2   t ~ U(0.3, 0.8); no weighting; normaliser = number of masked tokens in the batch (dFactory's token
            mean); only valid response tokens are maskable: pads are excluded from attention and from the loss.
 
+* diffusion_gemma  uniform-state diffusion (Google's DiffusionGemma SFT code, google-deepmind/gemma
+           ``gemma/diffusion/hackable_diffusion_adapter``): each response token is replaced with probability t by a
+           uniformly random vocabulary token (``corrupt_uniform``); the loss is the plain cross-entropy of every
+           canvas position, noised or not (``dare.objectives.uniform_sft_loss``).
+
 Block families (sdar, sdar_moe, llada2) are trained on the doubled ``[x_t ‖ x_0]`` layout, built by
 ``Family.logits(..., clean_ids=x_0)``.
 
@@ -80,6 +85,9 @@ RECIPES = {
     "sdar": NoiseRecipe(min_one=True),
     "sdar_moe": NoiseRecipe(min_one=True),
     "llada2": NoiseRecipe(t_low=0.3, t_high=0.8, eps=0.0, weight="none", normalizer="masked", mask_pads=False),
+    # uniform noise (dare.objectives.uniform_sft_loss): t ~ U(1e-4, 1 - 1e-4) (Google's SafeSpan), no weighting, a
+    # per-example mean; the response is EOS-filled to whole canvases (SFTCollator) and the padding after is padding
+    "diffusion_gemma": NoiseRecipe(t_high=1 - 2e-4, eps=1e-4, weight="none", mask_pads=False),
 }
 
 
@@ -125,6 +133,15 @@ def corrupt(input_ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor, ma
         empty = maskable.any(-1) & ~masked.any(-1)
         masked[empty, pick[empty]] = True
     return input_ids.masked_fill(masked, mask_id), masked
+
+
+def corrupt_uniform(input_ids: torch.Tensor, noised: torch.Tensor, vocab_size: int,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """``input_ids`` with every ``noised`` position replaced by a uniformly random token of the whole vocabulary (it
+    may draw the true token: uniform-state diffusion keeps a token with probability 1 - t + t / V)."""
+    where = generator.device if generator is not None else input_ids.device
+    draws = torch.randint(0, vocab_size, input_ids.shape, generator=generator, device=where).to(input_ids.device)
+    return torch.where(noised.bool(), draws, input_ids)
 
 
 def sft_masks(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, length: int, recipe: NoiseRecipe):

@@ -27,8 +27,10 @@ def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
     if gradient_checkpointing:
         model.enable_input_require_grads()
     # task_type: the adapter folder then records CAUSAL_LM (not our class's module, which PEFT's import allowlist
-    # refuses), so peft.AutoPeftModelForCausalLM reloads it through AutoModelForCausalLM
-    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none", task_type="CAUSAL_LM",
+    # refuses), so peft.AutoPeftModelForCausalLM reloads it through AutoModelForCausalLM. DiffusionGemma is no causal
+    # LM (no prepare_inputs_for_generation): a plain PeftModel, reloaded with PeftModel.from_pretrained
+    task = "CAUSAL_LM" if hasattr(model, "prepare_inputs_for_generation") else None
+    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none", task_type=task,
                                             lora_dropout=lora.dropout, target_modules=targets))
 
 

@@ -15,8 +15,11 @@ DARE's reference deviates from upstream are documented in ``dare.diffusion``. Lo
 import torch
 import torch.nn.functional as F
 
-from .diffusion import NoiseRecipe, corrupt, recipe_for, sample_t
-from .models import masks
+from .diffusion import NoiseRecipe, corrupt, corrupt_uniform, recipe_for, sample_t, uniform
+from .models import diffusion_gemma, masks
+
+SELF_CONDITIONING = 0.5  # uniform-noise SFT: the share of examples trained with a previous pass's logits
+ENCODER_LOSS_WEIGHT = 1.0  # uniform-noise SFT: the encoder's next-token loss beside the denoising loss (Google's)
 
 
 def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -50,6 +53,13 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
     recipe = recipe if recipe is not None else recipe_for(family)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids) if segment_ids is None else (segment_ids >= 0).long()
+    if family.noise == "uniform":
+        if segment_ids is not None or sp is not None:
+            raise ValueError(f"{family.name}: packed rows and sequence parallelism are not supported (its encoder "
+                             "reads each whole row causally)")
+        _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids)
+        return uniform_sft_loss(model, family, input_ids, loss_mask, attention_mask, recipe=recipe, t=t,
+                                masked=masked, generator=generator, normaliser=normaliser, return_parts=return_parts)
     _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids)
     loss_mask = loss_mask.bool()
     if masked is None:
@@ -93,6 +103,62 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         return loss
     return loss, {"t": t, "masked": masked, "noisy": noisy, "n_masked": n_masked, "answer_len": answer_len,
                   "per_seq": per_seq.detach(), "token_loss": token.detach()}
+
+
+def uniform_sft_loss(model, family, input_ids, loss_mask, attention_mask, *, recipe=None, t=None, masked=None,
+                     generator=None, normaliser=None, return_parts: bool = False):
+    """Uniform-state diffusion SFT (DiffusionGemma), as Google's fine-tuning code defines it (google-deepmind/gemma
+    ``gemma/diffusion/hackable_diffusion_adapter/sft_model.py``), with every canvas scored at once:
+
+    * the rows are ``prompt + response`` EOS-filled to whole canvases (``loss_mask``: the canvases, which start at
+      the first loss position), right-padded; one t per example, each canvas position replaced with probability t
+      by a uniformly random token (``masked`` marks them);
+    * self-conditioning: a first pass without gradient; its logits feed the second pass for a random half of the
+      examples (``SELF_CONDITIONING``), the others get none (the decoder's zero signal, what the first decoding step
+      sees; Google's code feeds them zero logits, i.e. the mean embedding, which decoding never shows the model);
+    * denoising loss: the cross-entropy of every canvas position, noised or not, averaged per canvas, then over the
+      example's canvases. Google scores one uniformly chosen canvas per example: this is that loss's expectation
+      over the choice, so the same objective with less variance;
+    * plus ``ENCODER_LOSS_WEIGHT`` x the encoder's next-token cross-entropy over the row (its mean per example);
+    * the sum over examples divided by ``normaliser`` (default: the examples of this batch).
+    """
+    recipe = recipe if recipe is not None else recipe_for(family)
+    loss_mask = loss_mask.bool()
+    if masked is None:
+        t, masked = sft_noise(family, input_ids, loss_mask, recipe, generator, t=t)
+    start = loss_mask.float().argmax(-1)
+    canvas = family.block_size
+    width = input_ids.shape[1] - int(start.min())
+    noisy = corrupt_uniform(input_ids, masked, family.vocab_size, generator)
+    with torch.no_grad():
+        previous = family.logits(model, noisy, attention_mask, clean_ids=input_ids, start=start, keep=width)
+    coin = uniform((input_ids.shape[0],), generator, input_ids.device) < SELF_CONDITIONING
+    logits, encoder_logits = diffusion_gemma.layout_logits(
+        model, noisy, input_ids, attention_mask, start, width, previous.detach(), coin, with_encoder=True)
+    region = loss_mask[:, -width:]
+    ce = F.cross_entropy(logits[region].float(), input_ids[:, -width:][region], reduction="none")
+    token = torch.zeros(region.shape, dtype=torch.float32, device=input_ids.device).index_put((region,), ce)
+    col = torch.arange(width, device=input_ids.device) + input_ids.shape[1] - width
+    index = ((col[None] - start[:, None]).clamp(min=0) // canvas).masked_fill(~region, 0)  # canvas of each position
+    n_canvases = int(index.max()) + 1
+    per_canvas = torch.zeros(len(start), n_canvases, device=token.device).scatter_add_(1, index, token)
+    sizes = torch.zeros_like(per_canvas).scatter_add_(1, index, region.float())
+    used = sizes > 0
+    denoise = (per_canvas / sizes.clamp(min=1)).sum(-1) / used.sum(-1).clamp(min=1)
+    real = attention_mask.bool()
+    pairs = real[:, :-1] & real[:, 1:]
+    nll = F.cross_entropy(encoder_logits[:, :-1][pairs], input_ids[:, 1:][pairs], reduction="none")
+    per_pair = torch.zeros(pairs.shape, device=nll.device).index_put((pairs,), nll)
+    encoder = per_pair.sum(-1) / pairs.sum(-1).clamp(min=1)
+    per_seq = denoise + ENCODER_LOSS_WEIGHT * encoder
+    if normaliser is None:
+        normaliser = float(len(start))
+    loss = per_seq.sum() / torch.as_tensor(normaliser, dtype=torch.float32, device=per_seq.device).clamp(min=1)
+    if not return_parts:
+        return loss
+    return loss, {"t": t, "masked": masked, "noisy": noisy, "n_masked": masked.sum(-1), "answer_len": loss_mask.sum(-1),
+                  "per_seq": per_seq.detach(), "denoise": denoise.detach(), "encoder": encoder.detach(),
+                  "self_conditioned": coin}
 
 
 def sft_noise(family, input_ids: torch.Tensor, loss_mask: torch.Tensor, recipe: NoiseRecipe | None = None,

@@ -53,7 +53,9 @@ def spec_loss(logits, x0, masked, loss_mask, t, name):
 
 
 def test_recipes_follow_upstream():
-    assert set(RECIPES) == set(FAMILIES)
+    assert set(RECIPES) == set(FAMILIES) | {"diffusion_gemma"}
+    # Google's uniform-noise SFT: t uniform inside (1e-4, 1 - 1e-4), no weighting, a per-example mean
+    assert RECIPES["diffusion_gemma"] == NoiseRecipe(0.0, 1 - 2e-4, 1e-4, "none", "answer_length", False, False)
     upstream = NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, False)
     assert RECIPES["llada"] == RECIPES["dream"] == upstream
     for name in ("sdar", "sdar_moe"):

@@ -17,12 +17,14 @@ SFT_RECIPES = [p for p in RECIPES if p.stem.startswith("sft")]
 EVAL_RECIPES = [p for p in RECIPES if p.stem.startswith("eval")]
 RL_RECIPES = [p for p in RECIPES if p not in SFT_RECIPES + EVAL_RECIPES]
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
-FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2"}
+FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2",
+                  "diffusion_gemma": "diffusiongemma"}
 
 
 def test_recipes_exist():
     assert {p.parent.name for p in SFT_RECIPES} >= set(FAMILY_MARKERS)
-    assert {p.parent.name for p in RL_RECIPES} >= set(FAMILY_MARKERS)
+    # no RL recipe for DiffusionGemma: no algorithm's estimator is derived for uniform noise yet (python -m dare.algos)
+    assert {p.parent.name for p in RL_RECIPES} >= set(FAMILY_MARKERS) - {"diffusion_gemma"}
     assert len(SFT_RECIPES) >= 2 * len(FAMILY_MARKERS)
 
 

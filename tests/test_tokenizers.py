@@ -21,7 +21,9 @@ EXPECTED = {  # family -> (bos, eos/pad, mask_token attr, other specials)
     "dream": ("<|beginoftext|>", "<|endoftext|>", "<|mask|>", ["<|im_start|>", "<|im_end|>"]),
     "sdar": (None, "<|endoftext|>", "<|MASK|>", ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]),
     "llada2": ("<|startoftext|>", "<|endoftext|>", "<|mask|>", ["<role>", "</role>", "<|role_end|>"]),
+    "diffusion_gemma": ("<bos>", "<eos>", None, ["<unk>", "<|turn>", "<turn|>"]),  # uniform noise: no mask
 }
+PAD = {"diffusion_gemma": "<pad>"}  # Gemma's own pad token at id 0 (eos 1, bos 2); the others pad with EOS
 SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
     "llada": "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ?<|eot_id|>"
              "<|start_header_id|>assistant<|end_header_id|>\n\n",
@@ -30,6 +32,8 @@ SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
     "sdar": "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n",
     "llada2": "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>Q?<|role_end|>"
               "<role>ASSISTANT</role>",
+    # Google's DiffusionGemma fine-tuning prompts (google-deepmind/gemma, hackable_diffusion_adapter/data)
+    "diffusion_gemma": "<bos><|turn>user\nQ?<turn|>\n<|turn>model\n",
 }
 
 
@@ -73,8 +77,9 @@ def test_build_and_special_tokens(family):
     tok = T.tiny_tokenizer(family)
     assert time.perf_counter() - t0 < 2.0
     bos, eos, mask, extra = EXPECTED[family]
-    assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.mask_token) == (bos, eos, eos, mask)
-    specials = [t for t in (bos, eos, mask) if t] + extra
+    pad = PAD.get(family, eos)
+    assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.mask_token) == (bos, eos, pad, mask)
+    specials = ([pad, eos, bos] if family in PAD else [t for t in (bos, eos, mask) if t]) + extra
     assert tok.convert_tokens_to_ids(specials) == list(range(len(specials)))  # stable ids 0..k-1
     for s in specials:  # never split, even inside text
         assert tok.encode(f"x{s}y").count(tok.convert_tokens_to_ids(s)) == 1

@@ -36,7 +36,7 @@ def args_for(data, out, **kw):
     return args
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "sdar_moe", "llada2"])
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma"])
 def test_loss_goes_down(family, arithmetic, tmp_path):
     args = args_for(arithmetic, tmp_path, model=f"tiny:{family}", max_steps=200, save_steps=200,
                     group_by_length=True)
@@ -47,15 +47,16 @@ def test_loss_goes_down(family, arithmetic, tmp_path):
     assert last < 0.6 * first, f"{family}: loss {first:.3f} -> {last:.3f}"
 
 
-def test_resume_is_exact(arithmetic, tmp_path):
-    straight = args_for(arithmetic, tmp_path / "straight", max_steps=8, save_steps=4)
+@pytest.mark.parametrize("model", ["tiny:llada", "tiny:diffusion_gemma"])
+def test_resume_is_exact(arithmetic, tmp_path, model):
+    straight = args_for(arithmetic, tmp_path / "straight", max_steps=8, save_steps=4, model=model)
     train_sft.main(straight)
-    interrupted = args_for(arithmetic, tmp_path / "resumed", max_steps=8, save_steps=4)
+    interrupted = args_for(arithmetic, tmp_path / "resumed", max_steps=8, save_steps=4, model=model)
     train_sft.main(interrupted)
     # simulate a crash after step 4: drop everything written later, then resume
     shutil.rmtree(tmp_path / "resumed" / "checkpoint-8")
     (tmp_path / "resumed" / "model.safetensors").unlink()
-    train_sft.main(args_for(arithmetic, tmp_path / "resumed", max_steps=8, save_steps=4, resume=True))
+    train_sft.main(args_for(arithmetic, tmp_path / "resumed", max_steps=8, save_steps=4, resume=True, model=model))
     a = load_pretrained(str(tmp_path / "straight"), dtype=torch.float32)[0].state_dict()
     b = load_pretrained(str(tmp_path / "resumed"), dtype=torch.float32)[0].state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -64,7 +65,7 @@ def test_resume_is_exact(arithmetic, tmp_path):
     assert [h["loss"] for h in logs[0] if "loss" in h][4:] == [h["loss"] for h in logs[1] if "loss" in h][4:]
     # resuming the finished run trains nothing: the last checkpoint is exported again, weights unchanged
     (tmp_path / "straight" / "model.safetensors").unlink()
-    train_sft.main(args_for(arithmetic, tmp_path / "straight", max_steps=8, save_steps=4, resume=True))
+    train_sft.main(args_for(arithmetic, tmp_path / "straight", max_steps=8, save_steps=4, resume=True, model=model))
     again = load_pretrained(str(tmp_path / "straight"), dtype=torch.float32)[0].state_dict()
     assert all(torch.equal(a[k], again[k]) for k in a)
     assert sorted(p.name for p in (tmp_path / "straight").glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]

@@ -18,16 +18,19 @@ def get_algorithm(name: str) -> type:
     return ALGORITHMS.lookup(name)
 
 
-def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2")) -> str:
+def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma")) -> str:
     """The algorithm x family support table (markdown), from the registry: ``python -m dare.algos``. The estimator
     is the one each algorithm plans for a short rollout of a tiny model of its first family."""
+    from ..models.family import UNIFORM
     from ..models.loading import load_config  # here, not at the top: --help imports this package
+    from .base import NOISE_WHY
 
     rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on | sglang rollouts |",
             "|---|" + "---|" * (len(families) + 4)]
     for name in known():
         algo = ALGORITHMS[name]()
-        cells = ["yes" if algo.families is None or f in algo.families else "—" for f in families]
+        cells = ["yes" if (algo.families is None or f in algo.families)
+                 and ("uniform" if f in UNIFORM else "mask") in algo.noises else "—" for f in families]
         family = load_config(f"tiny:{next(f for f in families if cells[families.index(f)] == 'yes')}")[2]
         sampling = algo.rollout_sampling(family, SamplingConfig(gen_length=8)) if algo.trainer == "rl" else None
         estimator = type(algo.estimator(family, sampling)).__name__
@@ -36,4 +39,7 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2")) -> str:
                     f"{engine} |")
     reasons = [f"- {name} —: {ALGORITHMS[name].why_not}" for name in known()
                if ALGORITHMS[name].families is not None and set(families) - set(ALGORITHMS[name].families)]
+    blocked = [f for f in families if f in UNIFORM
+               and not any("uniform" in ALGORITHMS[name].noises for name in known())]
+    reasons += [f"- {f} —: {NOISE_WHY}" for f in blocked]
     return "\n".join(rows + ([""] + reasons if reasons else [])) + "\n"

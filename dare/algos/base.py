@@ -26,18 +26,25 @@ LOSS_MASKS = ("all", "upto_first_eos")
 KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
 
 
+NOISE_WHY = ("its noise is uniform random tokens, and DARE's likelihood estimators are derived for masked "
+             "diffusion (a uniform-noise estimator is not implemented yet)")
+
+
 class Declared:
     """What the registry, the algorithm matrix and ``train_rl.py`` read of every algorithm, online or offline."""
 
     name: ClassVar[str] = ""
     families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
     why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
+    noises: ClassVar[tuple[str, ...]] = ("mask",)  # the forward processes its estimator is derived for (Family.noise)
     trainer: ClassVar[str] = "rl"  # what trains it: rl (rollouts and rewards) | preference (fixed pairs, no rollout)
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
     needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (Engine.own_samplers)
     whole_groups: ClassVar[str] = ""  # why a rollout's prompt groups cannot be dropped one by one ("": they can)
 
     def check_family(self, family) -> None:
+        if family.noise not in self.noises:
+            raise ValueError(f"{self.name} does not apply to {family.name}: {NOISE_WHY}")
         if self.families is not None and family.name not in self.families:
             raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
                              f"{', '.join(self.families)}")

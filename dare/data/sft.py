@@ -104,13 +104,17 @@ class SFTCollator:
     def __call__(self, examples: list[dict]) -> dict:
         if self.config.pack:
             return self.pack(examples)
-        longest = max(len(e["input_ids"]) for e in examples)
-        length = self.config.max_length if self.config.pad_to == "max_length" else longest
-        ids = torch.full((len(examples), length), self.family.pad_id, dtype=torch.long)
-        for r, e in enumerate(examples):
-            ids[r, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
         prompt = torch.tensor([e["prompt_length"] for e in examples])
         response = torch.tensor([e["response_length"] for e in examples])
+        if self.family.noise == "uniform":  # whole canvases after the prompt, EOS-filled (Google's canvas chunker)
+            canvas = self.family.block_size
+            response = -(-response // canvas) * canvas
+        longest = int((prompt + response).max())
+        length = max(self.config.max_length, longest) if self.config.pad_to == "max_length" else longest
+        ids = torch.full((len(examples), length), self.family.pad_id, dtype=torch.long)
+        for r, e in enumerate(examples):
+            ids[r, len(e["input_ids"]):prompt[r] + response[r]] = self.family.eos_id
+            ids[r, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
         loss_mask, attention_mask = sft_masks(prompt, response, length, self.recipe)
         return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
 

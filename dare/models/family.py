@@ -18,30 +18,36 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "Dream": ("dream", True, "dream", "entropy", "quota"),
          "sdar": ("sdar", False, "linear", "low_confidence", "schedule"),
          "sdar_moe": ("sdar_moe", False, "linear", "low_confidence", "schedule"),
-         "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule")}
+         "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule"),
+         "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one")}
+UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
 
 
 def max_positions(config) -> int | None:
     """The longest sequence the checkpoint was built for (``max_position_embeddings``; LLaDA:
-    ``max_sequence_length``)."""
+    ``max_sequence_length``; DiffusionGemma: its text config's)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
 
 
 @dataclass(frozen=True)
 class Family:
-    name: str                      # llada | dream | sdar | sdar_moe | llada2
-    mask_id: int
+    name: str                      # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma
+    mask_id: int                   # -1 for uniform-noise families (they have no mask token)
     eos_id: int
     pad_id: int
     bos_id: int | None
     stop_ids: tuple[int, ...]      # EOS and the turn terminator the model emits
     shift: bool                    # Dream: logits at i-1 predict token i
-    block_size: int | None         # None = fully bidirectional (masked diffusion)
+    block_size: int | None         # None = fully bidirectional (masked diffusion); DiffusionGemma: its canvas length
     vocab_size: int
     schedule: str = "linear"       # default tokens-per-step rule: LLaDA's even split, or Dream's floor(m(1-s/t))
     remasking: str = "low_confidence"  # default confidence (Dream's recommended alg is entropy)
     # parallel decoding rule of the official sampler (sampling.primitives.THRESHOLD_RULES)
     threshold_rule: str = "one"
+    # "mask": noised positions hold mask_id; "uniform": a uniformly random token (DiffusionGemma: an encoder-decoder
+    # whose canvases start after the prompt, dare.models.diffusion_gemma)
+    noise: str = "mask"
 
     @property
     def is_block_diffusion(self) -> bool:
@@ -55,6 +61,8 @@ class Family:
         if model_type not in KNOWN:
             raise ValueError(f"Unknown model family {model_type!r}; known model_type values: {sorted(KNOWN)}")
         name, shift, schedule, remasking, threshold_rule = KNOWN[model_type]
+        if name in UNIFORM:
+            return cls._uniform(config, tokenizer, name)
         ids = {k: _first(getattr(config, f"{k}_token_id", None)) for k in ("mask", "eos", "pad", "bos")}
         stop = []
         if tokenizer is not None:
@@ -79,10 +87,31 @@ class Family:
         return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift,
                    getattr(config, "block_size", None), vocab, schedule, remasking, threshold_rule)
 
+    @classmethod
+    def _uniform(cls, config, tokenizer, name):
+        text = config.get_text_config()
+        ids = {k: _first(getattr(config, f"{k}_token_id", None) or getattr(text, f"{k}_token_id", None))
+               for k in ("eos", "pad", "bos")}
+        stop = []
+        if tokenizer is not None:
+            for k in ("bos", "eos", "pad"):
+                if getattr(tokenizer, f"{k}_token", None) is not None:
+                    ids[k] = getattr(tokenizer, f"{k}_token_id")
+            turn_end = tokenizer.convert_tokens_to_ids(TURN_END[name])
+            if turn_end is not None and turn_end != tokenizer.unk_token_id:
+                stop.append(turn_end)
+        if ids["eos"] is None:
+            raise ValueError(f"{name}: no EOS token id in the config or the tokenizer")
+        stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
+        return cls(name, -1, ids["eos"], ids["pad"] if ids["pad"] is not None else ids["eos"], ids["bos"], stop_ids,
+                   False, config.canvas_length, text.vocab_size, noise="uniform")
+
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                cache=None, key_position_ids: torch.Tensor | None = None,
-               keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+               keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None,
+               start: torch.Tensor | None = None, self_conditioning: torch.Tensor | None = None,
+               self_conditioning_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
         the last k positions ``[B, k, V]`` and ``keep=positions`` (1-D) only those, without materialising the rest.
 
@@ -96,7 +125,14 @@ class Family:
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
           position 0 does above). Each example's logits are those it gets alone.
+        * uniform-noise families (DiffusionGemma, ``dare.models.diffusion_gemma``): the plain layout is one canvas
+          read by the decoder against the encoder's ``cache`` (``attention_mask`` covers the cached columns and the
+          canvas); the doubled layout (``clean_ids``) needs ``start`` ``[B]``, the column where each row's completion
+          begins (its canvases start there). ``self_conditioning``: the previous pass's logits of these positions.
         """
+        if self.noise == "uniform":
+            return self._uniform_logits(model, input_ids, attention_mask, clean_ids, position_ids, cache, keep,
+                                        segment_ids, start, self_conditioning, self_conditioning_mask)
         if segment_ids is not None:
             if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids, keep)):
                 raise ValueError("segment_ids define the attention and the positions of packed rows: pass no "
@@ -134,6 +170,26 @@ class Family:
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
         return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
                      logits_to_keep=rows).logits
+
+    def _uniform_logits(self, model, input_ids, attention_mask, clean_ids, position_ids, cache, keep, segment_ids,
+                        start, self_conditioning, self_conditioning_mask):
+        from . import diffusion_gemma
+
+        if segment_ids is not None:
+            raise ValueError(f"{self.name}: packed rows are not supported (its encoder reads each row causally)")
+        if clean_ids is None:
+            if cache is None:
+                raise ValueError(f"{self.name}: a canvas is read against the encoder's cache: pass cache=")
+            out = model(decoder_input_ids=input_ids, cache=cache, decoder_attention_mask=attention_mask,
+                        decoder_position_ids=position_ids, self_conditioning_logits=self_conditioning,
+                        self_conditioning_mask=self_conditioning_mask).logits
+            return out if keep is None else out[:, -keep:]
+        if start is None:
+            raise ValueError(f"{self.name}: the [x_t ‖ x_0] layout needs start= (where each row's canvases begin)")
+        if torch.is_tensor(keep):
+            raise ValueError(f"{self.name}: keep= takes a number of last columns, not positions")
+        return diffusion_gemma.layout_logits(model, input_ids, clean_ids, attention_mask, start, keep,
+                                             self_conditioning, self_conditioning_mask)
 
     def _packed_logits(self, model, input_ids, segment_ids):
         pos, ok = masks.packed_layout(segment_ids, self.block_size)

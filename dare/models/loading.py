@@ -8,7 +8,7 @@ import torch
 import transformers
 import yaml
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 from transformers.utils import cached_file
 
 from .. import hub
@@ -109,8 +109,10 @@ def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", a
         model = tiny_model(config)
         model.set_attn_implementation(attn_implementation)
         return model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    # transformers' own class for DiffusionGemma (it has no causal-LM Auto entry); ours for the other families
+    model_class = DiffusionGemmaForBlockDiffusion if config.model_type == "diffusion_gemma" else AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype,
+        return model_class.from_pretrained(name_or_path, config=config, dtype=dtype,
                                                     attn_implementation=attn_implementation,
                                                     trust_remote_code=False, **kwargs)
     except SafetensorError as e:

@@ -5,8 +5,9 @@
 """
 
 import torch
+from transformers import DiffusionGemmaForBlockDiffusion
 
-from . import dream, llada, llada2, sdar
+from . import diffusion_gemma, dream, llada, llada2, sdar
 from .tokenizers import tiny_tokenizer
 
 TINY = {
@@ -15,6 +16,7 @@ TINY = {
     "sdar": (sdar.tiny_config, sdar.SDARForCausalLM),
     "sdar_moe": (sdar.tiny_moe_config, sdar.SDARMoeForCausalLM),
     "llada2": (llada2.tiny_config, llada2.LLaDA2MoeModelLM),
+    "diffusion_gemma": (diffusion_gemma.tiny_config, DiffusionGemmaForBlockDiffusion),
 }
 
 

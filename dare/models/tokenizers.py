@@ -12,11 +12,12 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-FAMILIES = ("llada", "dream", "sdar", "llada2")  # sdar_moe uses the sdar tokenizer
+FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma")  # sdar_moe uses the sdar tokenizer
 VOCAB_SIZE = 512  # including special tokens
 
 # Token the model emits to end its turn.
-TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", "llada2": "<|role_end|>"}
+TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", "llada2": "<|role_end|>",
+            "diffusion_gemma": "<turn|>"}
 
 # ---- chat templates (compact, tool-free rewrites of the official ones) ----
 
@@ -90,6 +91,16 @@ LLADA2_TEMPLATE = r"""
 {%- if add_generation_prompt %}{{- '<role>ASSISTANT</role>' }}{%- endif %}
 """
 
+# DiffusionGemma (Gemma 4 turns: <|turn>role ... <turn|>; the assistant's role is "model"). The format of Google's
+# fine-tuning prompts (google-deepmind/gemma, gemma/gm/text); the checkpoint's own template is not public here.
+DIFFUSION_GEMMA_TEMPLATE = r"""
+{{- bos_token }}
+{%- for m in messages %}
+    {{- '<|turn>' + ('model' if m.role == 'assistant' else m.role) + '\n' + (m.content | trim) + '<turn|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|turn>model\n' }}{%- endif %}
+"""
+
 # ---- per-family special tokens (real strings; listed first -> ids 0..k-1) ----
 
 _SPEC = {
@@ -109,6 +120,11 @@ _SPEC = {
     "llada2": dict(
         bos="<|startoftext|>", eos="<|endoftext|>", mask="<|mask|>", template=LLADA2_TEMPLATE,
         extra=["<role>", "</role>", "<|role_end|>"],
+    ),
+    # Gemma's order: <pad> 0, <eos> 1, <bos> 2 (as in the real vocabulary); uniform noise needs no mask token
+    "diffusion_gemma": dict(
+        pad="<pad>", bos="<bos>", eos="<eos>", mask=None, template=DIFFUSION_GEMMA_TEMPLATE,
+        extra=["<unk>", "<|turn>", "<turn|>"],
     ),
 }
 
@@ -143,7 +159,8 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 100 1000 3.14 -7 1
 def _train(family: str) -> str:
     """Train the byte-level BPE for `family`; returns the tokenizer JSON."""
     spec = _SPEC[family]
-    specials = [t for t in (spec["bos"], spec["eos"], spec["mask"]) if t] + spec["extra"]
+    first = (spec["pad"], spec["eos"], spec["bos"]) if "pad" in spec else (spec["bos"], spec["eos"], spec["mask"])
+    specials = [t for t in first if t] + spec["extra"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -168,7 +185,7 @@ def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
     spec = _SPEC[family]
     return PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(_CACHE[family]),
-        bos_token=spec["bos"], eos_token=spec["eos"], pad_token=spec["eos"], mask_token=spec["mask"],
+        bos_token=spec["bos"], eos_token=spec["eos"], pad_token=spec.get("pad", spec["eos"]), mask_token=spec["mask"],
         extra_special_tokens=spec["extra"], chat_template=spec["template"],
         add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False,
     )

@@ -20,6 +20,7 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     from ..models.family import max_positions
     from .block import generate_block
     from .masked import generate_masked
+    from .uniform import generate_uniform
 
     config = (config or SamplingConfig()).check(family, "sampling", prompt_ids.shape[1],
                                                 max_positions(getattr(model, "config", None)))
@@ -31,6 +32,10 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     with torch.no_grad():
         if canvas is not None and canvas.shape != (prompt_ids.shape[0], config.gen_length):
             raise ValueError(f"canvas must be [{prompt_ids.shape[0]}, {config.gen_length}], got {tuple(canvas.shape)}")
+        if family.noise == "uniform":
+            if canvas is not None or from_step or to_step is not None:
+                raise ValueError(f"{family.name}: a uniform-noise decoding cannot be resumed from a partial canvas")
+            return generate_uniform(model, family, prompt_ids, prompt_mask.long(), config, generator)
         if family.is_block_diffusion:
             return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas,
                                   from_step, to_step)

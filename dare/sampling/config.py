@@ -19,7 +19,7 @@ class SamplingConfig:
 
     gen_length: int = 128  # tokens to generate per prompt
     block_length: int | None = None  # masked: semi-AR block (divides gen_length); block families: model block size
-    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    steps: int | None = None  # masked: total denoising steps; block families: per block; uniform: most per canvas (48)
     temperature: float = 0.0  # 0 = greedy; else Gumbel-max sampling in float64
     top_k: int | None = None  # sample among the k most likely tokens (None = all)
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens with this much probability (None = all)
@@ -48,6 +48,12 @@ class SamplingConfig:
     stop_at_eos: bool = True
     # CJ-GRPO's EOSER: EOS confidence x gamma rising from this to 1 over the steps
     eos_early_rejection: float | None = None
+    entropy_bound: float | None = None  # uniform noise: keep the lowest-entropy proposals, sum-max <= this (None: 0.1)
+    t_min: float | None = None  # uniform noise: the last step's temperature (None: 0.4); ``temperature`` scales it
+    t_max: float | None = None  # uniform noise: the first step's temperature (None: 0.8); ``temperature`` scales it
+    # uniform noise: a canvas stops once its argmax held this many steps (None: 1) ...
+    stability_steps: int | None = None
+    confidence_stop: float | None = None  # ... and its mean entropy is under this (None: 0.005)
     # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and
     # its probability, MDPO)
     record_states: bool = False
@@ -88,7 +94,10 @@ class SamplingConfig:
                   "eps": (self.eps, 0, 1, True), "alg_temp": (self.alg_temp, 0, None, True),
                   "editing_threshold": (self.editing_threshold, 0, None, False),
                   "max_post_steps": (self.max_post_steps, 0, None, False),
-                  "cfg_scale": (self.cfg_scale, 0, None, False)}
+                  "cfg_scale": (self.cfg_scale, 0, None, False),
+                  "entropy_bound": (self.entropy_bound, 0, None, True), "t_min": (self.t_min, 0, None, True),
+                  "t_max": (self.t_max, 0, None, True), "stability_steps": (self.stability_steps, 0, None, False),
+                  "confidence_stop": (self.confidence_stop, 0, None, True)}
         for knob, (value, low, high, open_low) in ranges.items():
             too_low = value is not None and (not value >= low or (open_low and value == low))  # NaN too
             if too_low or (value is not None and high is not None and value > high):
@@ -107,13 +116,16 @@ class SamplingConfig:
         model's ``max_positions``."""
         try:
             cfg = self.resolve(family).validate()
-            (plan_block if family.is_block_diffusion else plan_masked)(cfg, family)
+            plan_for(family)(cfg, family)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         total = prompt_length + cfg.gen_length
         if family.is_block_diffusion:
             block = family.block_size
-            total = -(-total // block) * block  # the last block is decoded whole
+            if family.noise == "uniform":  # canvases start after the prompt
+                total = prompt_length + -(-cfg.gen_length // block) * block
+            else:
+                total = -(-total // block) * block  # the last block is decoded whole
             if cfg.gen_length % block:
                 warnings.warn(f"{where}: gen_length {cfg.gen_length} is not a multiple of {family.name}'s block size "
                               f"{block}: the last block is decoded whole and the output cut to {cfg.gen_length} "
@@ -131,7 +143,7 @@ class SamplingOverrides:
 
     gen_length: int | None = None  # tokens per answer
     temperature: float | None = 0.0  # 0 = greedy (the validation default)
-    steps: int | None = None  # masked: total denoising steps; block families: steps per block
+    steps: int | None = None  # masked: total denoising steps; block families: per block; uniform: most per canvas (48)
     block_length: int | None = None  # masked: semi-AR block length
     threshold: float | None = None  # parallel decoding confidence threshold
     top_p: float | None = None  # nucleus sampling (1.0 = off)
@@ -146,6 +158,8 @@ class SamplingOverrides:
 def step_budget(config: SamplingConfig, family) -> int:
     """The most denoising steps a decoding with ``config`` can take: in total for masked families, per block for
     block families (threshold decoding commits at least one token per step)."""
+    if family.noise == "uniform":
+        return plan_uniform(config, family).steps
     config = config.resolve(family)
     dynamic = config.threshold is not None or config.factor is not None
     if family.is_block_diffusion:
@@ -198,6 +212,46 @@ class Generation:
     @property
     def lengths(self) -> torch.Tensor:
         return (self.step_map >= 0).sum(-1)
+
+
+def plan_for(family):
+    """The planner of ``family``'s sampler."""
+    if family.noise == "uniform":
+        return plan_uniform
+    return plan_block if family.is_block_diffusion else plan_masked
+
+
+@dataclass(frozen=True)
+class UniformPlan:
+    steps: int
+    entropy_bound: float = 0.1
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_steps: int = 1
+    confidence_stop: float = 0.005
+
+
+MASK_ONLY = ("block_length", "threshold", "factor", "alg_temp", "editing_threshold", "eos_early_rejection",
+             "top_k", "top_p")  # knobs of the mask samplers that a uniform-noise canvas has no use for
+
+
+def plan_uniform(cfg, family) -> UniformPlan:
+    """The uniform-noise sampler's settings (``dare.sampling.uniform``); every setting it refuses raises here."""
+    for knob in MASK_ONLY:
+        if getattr(cfg, knob) is not None:
+            raise ValueError(f"{family.name} decodes uniformly noised canvases: {knob} applies to the mask samplers "
+                             "only (its knobs: steps, temperature, entropy_bound, t_min, t_max, stability_steps, "
+                             "confidence_stop)")
+    if cfg.cfg_scale or cfg.suppress_eos or not cfg.stop_at_eos:
+        raise ValueError(f"{family.name}: cfg_scale, suppress_eos and stop_at_eos=False are not supported by the "
+                         "uniform-noise sampler")
+    if cfg.cache not in (None, "block"):
+        raise ValueError(f"{family.name} always caches its encoder's keys and values: cache must be 'block'")
+    given = {k: getattr(cfg, k) for k in ("entropy_bound", "t_min", "t_max", "stability_steps", "confidence_stop")}
+    plan = UniformPlan(cfg.steps or 48, **{k: v for k, v in given.items() if v is not None})
+    if plan.t_max <= plan.t_min:
+        raise ValueError(f"t_max ({plan.t_max}) must be larger than t_min ({plan.t_min})")
+    return plan
 
 
 def plan_block(cfg, family) -> int:
