@@ -232,3 +232,15 @@ def test_sft_learns_and_decoding_learns_the_format(parts):
     assert sum(losses[-5:]) < sum(losses[:5]) / 3, losses
     trained = formatted()
     assert control == 0 and trained >= 3, (control, trained)
+
+
+def test_rl_and_sglang_refuse_it_naming_why(parts):
+    from dare.algos import get_algorithm, known
+    from dare.engines.sglang import SGLangEngine
+
+    _, _, family = parts
+    for name in known():
+        with pytest.raises(ValueError, match="noise is uniform"):
+            get_algorithm(name)().check_family(family)
+    with pytest.raises(ValueError, match="masked block-diffusion models only"):
+        SGLangEngine.check(SamplingConfig(), family)

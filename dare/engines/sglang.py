@@ -148,9 +148,9 @@ class SGLangEngine(Engine):
     @classmethod
     def check(cls, config, family) -> None:
         """Refuse, naming the knob, what SGLang cannot decode as DARE does."""
-        if not family.is_block_diffusion:
-            raise ValueError(f"engine sglang: SGLang's dLLM framework serves block-diffusion models only (SDAR, "
-                             f"SDAR-MoE, LLaDA2.x); {family.name} decodes with engine hf")
+        if not family.is_block_diffusion or family.noise != "mask":
+            raise ValueError(f"engine sglang: SGLang's dLLM framework serves masked block-diffusion models only "
+                             f"(SDAR, SDAR-MoE, LLaDA2.x); {family.name} decodes with engine hf")
         refused = {"editing_threshold": (config.editing_threshold is not None, "LLaDA2.1 editing"),
                    "record_states": (config.record_states, "the canvas after every step"),
                    "cache": (config.cache == "none", "decoding without the KV cache"),

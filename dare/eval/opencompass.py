@@ -81,6 +81,9 @@ class DARECompassModel(BaseModel):
         if self.model is None:
             raise NotImplementedError("get_ppl scores with the model's own logits: use engine hf for perplexity "
                                       "benchmarks")
+        if self.family.noise != "mask":
+            raise NotImplementedError(f"get_ppl is the masked-diffusion ELBO; {self.family.name}'s noise is uniform "
+                                      "(no uniform-noise ELBO yet): use its generation benchmarks")
         ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in inputs]
         cuts = [min(mask_length[i] if mask_length else 0, len(x) - 1) for i, x in enumerate(ids)]
         elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts, strict=True)],
