@@ -34,7 +34,8 @@ def test_commands_refer_to_real_files():
 
 
 def tiny_name(model: str) -> str:
-    for key, family in (("tiny:", None), ("LLaDA2", "llada2"), ("LLaDA", "llada"), ("Dream", "dream"),
+    for key, family in (("tiny:", None), ("diffusiongemma", "diffusion_gemma"),
+                        ("LLaDA2", "llada2"), ("LLaDA", "llada"), ("Dream", "dream"),
                         ("SDAR-30B", "sdar_moe"), ("SDAR", "sdar")):
         if key in model:
             return model if family is None else f"tiny:{family}"
@@ -73,12 +74,13 @@ def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
         assert "tokens/s" in res.stderr, line
 
 
-def run_readme_line(prefix: str, tmp_path):
-    """Run the README line that starts with ``prefix`` as written, its --output-dir moved into ``tmp_path``."""
+def run_readme_line(prefix: str, tmp_path, which: int = 0):
+    """Run the ``which``-th README line that starts with ``prefix`` as written, its --output-dir moved into
+    ``tmp_path``."""
     import shlex
     import subprocess
     import sys
-    line = next(ln for ln in README.splitlines() if ln.startswith(prefix))
+    line = [ln for ln in README.splitlines() if ln.startswith(prefix)][which]
     argv = shlex.split(line)[1:]
     argv[argv.index("--output-dir") + 1] = str(tmp_path / "out")
     res = subprocess.run([sys.executable, str(ROOT / argv[0]), *argv[1:]], capture_output=True, text=True,
@@ -87,8 +89,9 @@ def run_readme_line(prefix: str, tmp_path):
     return tmp_path / "out"
 
 
-def test_tiny_training_command_runs_as_written(tmp_path):
-    assert (run_readme_line("python train_sft.py --model tiny:", tmp_path) / "model.safetensors").exists()
+@pytest.mark.parametrize("which", [0, 1])  # DiffusionGemma's, then the quickstart's
+def test_tiny_training_command_runs_as_written(tmp_path, which):
+    assert (run_readme_line("python train_sft.py --model tiny:", tmp_path, which) / "model.safetensors").exists()
 
 
 def test_tiny_rl_command_runs_as_written(tmp_path):
