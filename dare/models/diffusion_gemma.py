@@ -55,15 +55,6 @@ def unwrap(model):
     return model
 
 
-def encode(model, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache=None):
-    """The encoder's cache after reading ``ids`` (appended to ``cache``; ``attention_mask`` covers the cached
-    columns and ``ids``). Without a ``cache`` every layer keeps all its entries (the training layout reads them
-    all); the decoding loop passes one built from the config, whose sliding layers keep the last window."""
-    cache = DynamicCache() if cache is None else cache
-    return unwrap(model).model.encoder(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                               cache=cache).cache
-
-
 def layout_logits(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None,
                   start: torch.Tensor, keep: int | None = None,
                   self_conditioning: torch.Tensor | None = None,
