@@ -61,9 +61,10 @@ class Family:
         if model_type not in KNOWN:
             raise ValueError(f"Unknown model family {model_type!r}; known model_type values: {sorted(KNOWN)}")
         name, shift, schedule, remasking, threshold_rule = KNOWN[model_type]
-        if name in UNIFORM:
-            return cls._uniform(config, tokenizer, name)
-        ids = {k: _first(getattr(config, f"{k}_token_id", None)) for k in ("mask", "eos", "pad", "bos")}
+        uniform = name in UNIFORM
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config  # DiffusionGemma's ids
+        ids = {k: _first(getattr(config, f"{k}_token_id", None) or getattr(text, f"{k}_token_id", None))
+               for k in ("mask", "eos", "pad", "bos")}
         stop = []
         if tokenizer is not None:
             for k in ("bos", "eos", "pad"):
@@ -74,37 +75,21 @@ class Family:
             turn_end = tokenizer.convert_tokens_to_ids(TURN_END[name.removesuffix("_moe")])
             if turn_end is not None and turn_end != tokenizer.unk_token_id:
                 stop.append(turn_end)
-        vocab = getattr(config, "embedding_size", None) or config.vocab_size
-        if ids["mask"] is None:
+        vocab = getattr(config, "embedding_size", None) or text.vocab_size
+        if uniform:  # noise is random tokens: a mask token (Gemma's tokenizer declares one) is never used
+            ids["mask"] = -1
+        elif ids["mask"] is None:
             raise ValueError(f"{name}: no mask token: the tokenizer declares none and config.mask_token_id is unset")
-        if not 0 <= ids["mask"] < vocab:
+        elif not 0 <= ids["mask"] < vocab:
             raise ValueError(f"{name}: mask token id {ids['mask']} is outside the vocabulary (size {vocab})")
         if ids["eos"] is None:
             raise ValueError(f"{name}: no EOS token id in the config or the tokenizer")
         if ids["pad"] is None:
             ids["pad"] = ids["eos"]
         stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
-        return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift,
-                   getattr(config, "block_size", None), vocab, schedule, remasking, threshold_rule)
-
-    @classmethod
-    def _uniform(cls, config, tokenizer, name):
-        text = config.get_text_config()
-        ids = {k: _first(getattr(config, f"{k}_token_id", None) or getattr(text, f"{k}_token_id", None))
-               for k in ("eos", "pad", "bos")}
-        stop = []
-        if tokenizer is not None:
-            for k in ("bos", "eos", "pad"):
-                if getattr(tokenizer, f"{k}_token", None) is not None:
-                    ids[k] = getattr(tokenizer, f"{k}_token_id")
-            turn_end = tokenizer.convert_tokens_to_ids(TURN_END[name])
-            if turn_end is not None and turn_end != tokenizer.unk_token_id:
-                stop.append(turn_end)
-        if ids["eos"] is None:
-            raise ValueError(f"{name}: no EOS token id in the config or the tokenizer")
-        stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
-        return cls(name, -1, ids["eos"], ids["pad"] if ids["pad"] is not None else ids["eos"], ids["bos"], stop_ids,
-                   False, config.canvas_length, text.vocab_size, noise="uniform")
+        block = config.canvas_length if uniform else getattr(config, "block_size", None)
+        return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift, block, vocab, schedule,
+                   remasking, threshold_rule, "uniform" if uniform else "mask")
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

@@ -50,8 +50,7 @@ def generate_uniform(model, family, prompt_ids, prompt_mask, cfg, generator=None
     mask = prompt_mask.long()
     encoder = unwrap(model).model.encoder
     cache = DynamicCache(config=unwrap(model).config.get_text_config())
-    encoder(input_ids=prompt_ids, attention_mask=mask, position_ids=positions_from_padding(mask),
-                        cache=cache)
+    encoder(input_ids=prompt_ids, attention_mask=mask, position_ids=positions_from_padding(mask), cache=cache)
     next_pos = mask.sum(-1)  # position of each row's next token
     stop_ids = torch.tensor(family.stop_ids, device=device)
     tokens, steps_of = [], []
