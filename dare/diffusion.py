@@ -144,6 +144,58 @@ def corrupt_uniform(input_ids: torch.Tensor, noised: torch.Tensor, vocab_size: i
     return torch.where(noised.bool(), draws, input_ids)
 
 
+def uniform_elbo_terms(logits: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor,
+                       t: torch.Tensor) -> torch.Tensor:
+    """Per position, the integrand ``f_i(t) >= 0`` of uniform-state diffusion's continuous-time negative ELBO:
+    ``-log p(x) <= int_0^1 E_{z_t ~ q_t(.|x)} [sum_i f_i(t, z_t)] dt`` (float64 ``[..., L]``).
+
+    Forward process (DiffusionGemma's, ``corrupt_uniform``): each token independently keeps its value with
+    probability ``alpha = 1 - t``, else becomes a uniform draw of the V-token vocabulary: ``q_t(j | x) = (V alpha
+    1[j = x] + t) / V``. Its rate matrix moves a token to each other value at rate ``beta / V``, ``beta = -alpha' /
+    alpha = 1 / (1 - t)``; at t = 1 the marginal is the uniform prior whatever x, so the bound has no prior term. The
+    continuous-time ELBO of a Markov jump process (Campbell et al. 2022; SEDD's denoising score entropy, Lou et al.
+    2024) is, per position i with noisy value ``z = z_i``,
+
+        f_i = (beta / V) sum_{y != z} r_y (u_y - log u_y - 1),   u_y = s_y / r_y,
+
+    Bregman terms between the model's ratio ``s_y`` (the reverse rate of changing position i from z to y, over the
+    forward one) and the true one given x, ``r_y = q_t(y|x_i) / q_t(z|x_i)``. The model's ratio is read from its
+    prediction ``m = softmax(logits)`` of the clean token, which DiffusionGemma's cross-entropy training fits to the
+    posterior ``p(x_i | z_t)``: the exact ratio ``p_t(z with z_i = y) / p_t(z) = sum_v p(x_i = v | z) q_t(y|v) /
+    q_t(z|v)`` is, for ``y != z``,
+
+        s_y = 1 + (V alpha / t) m_y - (V alpha / (V alpha + t)) m_z,
+
+    so the bound is tight, ``int E[sum_i f_i] dt = -log p(x)``, when m is the true posterior (tested by
+    enumeration). This is not UDLM's / DUO's plug-in form (``x_theta`` inside q's posterior, ratio ``xbar_y /
+    xbar_z``, Schiff et al. 2025, Sahoo et al. 2025): that is a valid bound too, but its optimum is ``p(x_i |
+    z_{-i})``, not the posterior a cross-entropy-trained model outputs. The sums over y are in closed form except
+    ``sum_y log s_y``, computed as ``softplus(kappa + log m_y)`` terms (stable at small t).
+
+    logits ``[..., L, V]``; clean, noisy ``[..., L]`` token ids (x and z_t); t ``[...]`` in (0, 1): the same noise
+    level for the L positions. Callers keep t away from 0 and 1 (both ends are integrable limits).
+    """
+    vocab = logits.shape[-1]
+    sp = torch.nn.functional.softplus
+    t = t.to(torch.float64)[..., None]
+    alpha = 1 - t
+    a, b = vocab * alpha / t, vocab * alpha / (vocab * alpha + t)
+    lm = (logits if logits.dtype == torch.float64 else logits.float()).log_softmax(-1)
+    lm_x = lm.gather(-1, clean[..., None])[..., 0].double()
+    lm_z = lm.gather(-1, noisy[..., None])[..., 0].double()
+    m_z = lm_z.exp()
+    d = -torch.expm1(lm_z) + m_z * (1 - b)  # 1 - b m_z, stable when m_z -> 1 and b -> 1
+    kappa = torch.log(a) - torch.log(d)  # log s_y = log d + softplus(kappa + log m_y)
+    spread = sp(kappa.to(lm.dtype)[..., None] + lm).sum(-1, dtype=torch.float64)
+    sum_log_s = (vocab - 1) * torch.log(d) + spread - sp(kappa + lm_z)
+    sum_s = (vocab - 1) * d + a * (1 - m_z)
+    stay = 1 - b  # r_y for every y != z when the token was kept (z = x)
+    kept = sum_s - stay * sum_log_s + (vocab - 1) * stay * (torch.log(stay) - 1)
+    log_s_x = torch.log(d) + sp(kappa + lm_x)
+    moved = sum_s - sum_log_s - a * log_s_x + (a + 1) * (torch.log1p(a) - 1) - (vocab - 2)
+    return torch.where(noisy == clean, kept, moved) / (alpha * vocab)
+
+
 def sft_masks(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, length: int, recipe: NoiseRecipe):
     """``(loss_mask, attention_mask)`` ``[B, length]`` (long) for right-padded ``prompt + response + pads`` rows.
 

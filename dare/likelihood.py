@@ -16,13 +16,21 @@ The contract every estimator follows (so an algorithm file only picks one and it
 Estimators with several Monte-Carlo draws score one draw with ``score(..., draw=j)`` so an algorithm can stream
 them (one graph alive at a time). Untempered logits everywhere except the AR estimator (its sampler's T).
 
+Uniform-noise families (``Family.noise == "uniform"``, DiffusionGemma) have no mask token: a noised position holds
+a random token, the completion is scored canvas by canvas from the prompt's end (``canvas_logits``: whole canvases,
+the encoder reading the prompt and the clean earlier canvases), and the canvas positions outside the loss mask (after
+the stop token) hold pure noise whatever the draw: like a masked tail, they reveal nothing of the completion's length.
+
 mean_field  d1: completion fully masked, prompt tokens masked w.p. p_prompt; per-token log p, one forward.
+            Uniform noise (DiffusionGemma): the completion's canvases all random tokens (the first decoding step's
+            input), prompt tokens replaced by random ones w.p. p_prompt.
 coupled     Coupled-GRPO: full-mask pass + a complementary pair (t ~ U[t_min, t_max]) weighted 1/t, 1/(1-t).
 mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]`` (VRPO: no / L).
 block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward (masked
             families: one per semi-AR block); ``[N, rows]``.
 seq_elbo    ESPO: batch-stratified counts in [0, L], complementary second half; ``E / L`` per draw ``[N, K]``.
 quadrature_elbo  GDPO: the ELBO's time integral on Gauss-Legendre nodes, Bernoulli(t_n) masks; ``E / L`` per draw.
+                 Uniform noise: the same nodes, each token re-drawn w.p. t_n, ``dare.diffusion.uniform_elbo_terms``.
 sandwich    SPG: block-random masks; per-sequence lower (mean masked log p) and upper (Renyi, beta) bounds.
 ar          JustGRPO: exact left-to-right log-likelihood with the sampler's temperature, one position per forward.
 trajectory  CJ-GRPO: the rollout's own decoding steps replayed, each token scored from the state that committed it.
@@ -42,9 +50,11 @@ from .diffusion import (
     block_random_masks,
     block_stratified_masks,
     corrupt,
+    corrupt_uniform,
     random_subset,
     stratified_counts,
     uniform,
+    uniform_elbo_terms,
 )
 
 
@@ -67,6 +77,11 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
     indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler).
     ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    if family.noise == "uniform":
+        if temperature != 1.0 or banned or positions is not None or targets is not None:
+            raise ValueError(f"{family.name}: uniform-noise scoring takes whole canvases, untempered")
+        logp = canvas_logits(model, family, batch, noisy).log_softmax(-1)
+        return Estimate(logp.gather(-1, completion[..., None])[..., 0], entropy_of(logp))
     attention = batch.get("attention_mask")
     if attention is None:
         attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
@@ -88,6 +103,49 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
         return Estimate(logp.gather(-1, targets.transpose(1, 2)).transpose(1, 2), entropy)
     targets = completion if positions is None else completion[:, positions]
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
+
+
+def canvas_width(family, completion_width: int) -> int:
+    """Uniform-noise families: columns of whole canvases covering a completion of ``completion_width`` tokens."""
+    return -(-completion_width // family.block_size) * family.block_size
+
+
+def uniform_noisy(family, batch, t, generator=None, p_prompt: float = 0.0) -> torch.Tensor:
+    """``prompt ‖ canvases`` ``[N, P + W]`` (W = ``canvas_width``) for a uniform-noise family: each loss token
+    re-drawn uniformly with probability ``t`` (``[N]`` or a float; 1: pure noise), every other canvas position
+    always re-drawn, each real prompt token with probability ``p_prompt``."""
+    prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    width = canvas_width(family, completion.shape[1])
+    grow = width - completion.shape[1]
+    completion = torch.nn.functional.pad(completion, (0, grow), value=family.pad_id)
+    loss = torch.nn.functional.pad(batch["loss_mask"].bool(), (0, grow))
+    t = torch.as_tensor(t, dtype=torch.float32, device=prompt.device).expand(len(prompt))
+    noised = ~loss | (uniform(completion.shape, generator, prompt.device) < t[:, None])
+    hit = batch["prompt_mask"].bool() & (uniform(prompt.shape, generator, prompt.device) < p_prompt)
+    return torch.cat([corrupt_uniform(prompt, hit, family.vocab_size, generator),
+                      corrupt_uniform(completion, noised, family.vocab_size, generator)], dim=1)
+
+
+def canvas_logits(model, family, batch, noisy: torch.Tensor) -> torch.Tensor:
+    """Uniform-noise families: logits ``[N, R, V]`` (float32) of the completion's positions, every canvas read by the
+    decoder from ``noisy`` (``uniform_noisy``) against the encoder's pass over ``noisy``'s prompt (noised where the
+    estimator noised it) and the clean completion: each canvas sees the clean canvases before it, as in decoding.
+    The canvases attended are those holding the attended completion (up to its stop token, or ``attention_mask``)."""
+    prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    n, width_p, width_r = len(prompt), prompt.shape[1], completion.shape[1]
+    width = canvas_width(family, width_r)
+    attention = batch.get("attention_mask")
+    if attention is None:
+        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    length = attention[:, width_p:].sum(-1)
+    cols = torch.arange(width, device=prompt.device)[None]
+    canvases = cols < canvas_width(family, 1) * (-(-length // family.block_size))[:, None]
+    clean = torch.cat([noisy[:, :width_p],
+                       torch.nn.functional.pad(completion, (0, width - width_r), value=family.pad_id)], dim=1)
+    attention = torch.cat([attention[:, :width_p].long(), canvases.long()], dim=1)
+    start = torch.full((n,), width_p, dtype=torch.long, device=prompt.device)
+    logits = family.logits(model, noisy, attention, clean_ids=clean, start=start, keep=width)
+    return logits[:, :width_r].float()
 
 
 @torch.no_grad()
@@ -139,6 +197,8 @@ class MeanField:
     p_prompt: float = 0.15
 
     def corrupt(self, family, batch, generator: torch.Generator | None = None) -> dict:
+        if family.noise == "uniform":
+            return {"noisy": uniform_noisy(family, batch, 1.0, generator, self.p_prompt)}
         noisy_prompt, _ = corrupt(batch["prompt_ids"], batch["prompt_mask"].bool(), self.p_prompt, family.mask_id,
                                   generator)
         return {"noisy": torch.cat([noisy_prompt, torch.full_like(batch["completion_ids"], family.mask_id)], dim=1)}
@@ -305,7 +365,12 @@ class QuadratureElbo(MCElbo):
     at node n (``per_point`` draws per node, one forward each). A draw's ``p`` folds in its quadrature weight
     (``p = K t_n / (D w_n)``), so ``MCElbo``'s plain mean over the D draws is the estimate; divided by L. For the
     forward process's masks the integrand is a polynomial of degree < L in t: exact in expectation when
-    L <= 2 points (block families: per block, L the block size)."""
+    L <= 2 points (block families: per block, L the block size).
+
+    Uniform noise: at node n every loss token is re-drawn uniformly with probability ``t_n`` (``uniform_noisy``)
+    and a draw's value is ``-(D w_n / K) sum_loss f_i(t_n) / L`` with the uniform ELBO's integrand
+    (``dare.diffusion.uniform_elbo_terms``): the mean over the draws is the quadrature of the sequence ELBO. That
+    integrand is not a polynomial (it has a log singularity at t = 0): the rule's error falls with ``points``."""
 
     points: int = 3
     per_point: int = 1
@@ -316,9 +381,28 @@ class QuadratureElbo(MCElbo):
     def corrupt(self, family, batch, generator=None) -> dict:
         maskable = _maskable(batch)
         t, w = (v.repeat_interleave(self.per_point).to(maskable.device) for v in gauss_legendre(self.points))
+        if family.noise == "uniform":
+            n = len(maskable)
+            noisy = torch.stack([uniform_noisy(family, batch, float(t_k), generator) for t_k in t], 1)
+            return {"noisy": noisy, "t": t.expand(n, -1), "weight": (self.samples * w / self.per_point).expand(n, -1)}
         draws = uniform((len(maskable), self.samples, maskable.shape[1]), generator, maskable.device)
         masks = maskable[:, None] & (draws < t[None, :, None].to(draws.dtype))
         return {"masks": masks, "p": (self.per_point * t / (self.samples * w)).expand(len(maskable), -1)}
+
+    def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
+        if family.noise != "uniform":
+            return super().score(model, family, batch, noise, draw)
+        loss = _maskable(batch)
+        width_p, width_r = batch["prompt_ids"].shape[1], loss.shape[1]
+        values = []
+        for j in range(self.samples) if draw is None else [draw]:
+            noisy = noise["noisy"][:, j]
+            logits = canvas_logits(model, family, batch, noisy)
+            terms = uniform_elbo_terms(logits, batch["completion_ids"], noisy[:, width_p:width_p + width_r],
+                                       noise["t"][:, j])
+            value = -(terms * loss).sum(-1) * noise["weight"][:, j] / loss.sum(-1).clamp(min=1)
+            values.append(value.to(logits.dtype))
+        return Estimate(torch.stack(values, -1))
 
 
 @dataclass

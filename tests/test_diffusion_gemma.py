@@ -234,12 +234,14 @@ def test_sft_learns_and_decoding_learns_the_format(parts):
     assert control == 0 and trained >= 3, (control, trained)
 
 
-def test_rl_and_sglang_refuse_it_naming_why(parts):
+def test_mask_only_algorithms_and_sglang_refuse_it_naming_why(parts):
     from dare.algos import get_algorithm, known
     from dare.engines.sglang import SGLangEngine
 
     _, _, family = parts
-    for name in known():
+    uniform = {name for name in known() if "uniform" in get_algorithm(name).noises}
+    assert uniform == {"d1", "wd1", "gdpo"}  # tests/test_uniform_elbo.py, tests/test_algo_contract.py
+    for name in set(known()) - uniform:
         with pytest.raises(ValueError, match="noise is uniform"):
             get_algorithm(name)().check_family(family)
     with pytest.raises(ValueError, match="masked block-diffusion models only"):

@@ -99,6 +99,11 @@ def test_tiny_rl_command_runs_as_written(tmp_path):
     assert (out / "model.safetensors").exists() and (out / "completions.jsonl").exists()
 
 
+def test_tiny_uniform_noise_rl_command_runs_as_written(tmp_path):
+    out = run_readme_line("python train_rl.py --algo gdpo --model tiny:diffusion_gemma", tmp_path)
+    assert (out / "model.safetensors").exists()
+
+
 def test_tiny_preference_command_runs_as_written(tmp_path):
     assert (run_readme_line("python train_rl.py --algo vrpo --model tiny:", tmp_path) / "model.safetensors").exists()
 

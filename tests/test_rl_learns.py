@@ -5,8 +5,9 @@ and the same algorithm trained on the negated reward (every advantage flipped) l
 The settings are recipes/lab/compare.py's. CI runs CI_CASES (with d1 on LLaDA in tests/test_quickstart.py): an
 online masked-diffusion algorithm with its own estimator (coupled-grpo) and block diffusion (d1 on SDAR); offline
 preference optimisation is checked in CI on what it optimises, the held-out preference margin (tests/test_vrpo.py).
-Every algorithm runs with DARE_LAB=1 on LLaDA, and d1, ebpo, mdpo and d-treerpo also on SDAR (one to fifteen minutes
-each on one core); the ones that do not learn at the shared settings fail there, as the README's lab table says."""
+Every algorithm runs with DARE_LAB=1 on LLaDA, d1, ebpo, mdpo and d-treerpo also on SDAR, and the three algorithms of
+uniform noise (d1, wd1, gdpo) on DiffusionGemma (one to fifteen minutes each on one core); the ones that do not learn
+at the shared settings fail there, as the README's lab table says."""
 
 import os
 
@@ -36,6 +37,7 @@ def starts(tmp_path_factory):
 
 CASES = [(algo, "llada") for algo in lab_module.known()]
 CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo")]
+CASES += [(algo, "diffusion_gemma") for algo in ("d1", "wd1", "gdpo")]  # uniform noise (its SFT start: 3000 steps)
 
 
 @pytest.mark.parametrize("algo,family", CASES)

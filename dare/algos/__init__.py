@@ -29,8 +29,7 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_
             "|---|" + "---|" * (len(families) + 4)]
     for name in known():
         algo = ALGORITHMS[name]()
-        cells = ["yes" if (algo.families is None or f in algo.families)
-                 and ("uniform" if f in UNIFORM else "mask") in algo.noises else "—" for f in families]
+        cells = ["yes" if algo.supports(f) else "—" for f in families]
         family = load_config(f"tiny:{next(f for f in families if cells[families.index(f)] == 'yes')}")[2]
         sampling = algo.rollout_sampling(family, SamplingConfig(gen_length=8)) if algo.trainer == "rl" else None
         estimator = type(algo.estimator(family, sampling)).__name__
@@ -40,6 +39,6 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_
     reasons = [f"- {name} —: {ALGORITHMS[name].why_not}" for name in known()
                if ALGORITHMS[name].families is not None and set(families) - set(ALGORITHMS[name].families)]
     blocked = [f for f in families if f in UNIFORM
-               and not any("uniform" in ALGORITHMS[name].noises for name in known())]
+               and not all("uniform" in ALGORITHMS[name].noises for name in known())]
     reasons += [f"- {f} —: {NOISE_WHY}" for f in blocked]
     return "\n".join(rows + ([""] + reasons if reasons else [])) + "\n"

@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from ..likelihood import Estimate, Trajectory, decoding_path, rollout_attention
+from ..models.family import UNIFORM
 from ..sampling import SamplingConfig
 from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stats, token_mean
 
@@ -26,8 +27,9 @@ LOSS_MASKS = ("all", "upto_first_eos")
 KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
 
 
-NOISE_WHY = ("its noise is uniform random tokens, and DARE's likelihood estimators are derived for masked "
-             "diffusion (a uniform-noise estimator is not implemented yet)")
+NOISE_WHY = ("its noise is uniform random tokens and the algorithm's likelihood estimate is derived for masked "
+             "diffusion (masked-token counts, mask-token states or a masked sampler's trajectory); on uniform noise "
+             "run d1, wd1 or gdpo (one-step mean-field, quadrature ELBO)")
 
 
 class Declared:
@@ -37,10 +39,17 @@ class Declared:
     families: ClassVar[tuple[str, ...] | None] = None  # the families the math allows (None: every family)
     why_not: ClassVar[str] = ""  # why the other families are excluded (shown in the error)
     noises: ClassVar[tuple[str, ...]] = ("mask",)  # the forward processes its estimator is derived for (Family.noise)
+    # (mask: every estimator; uniform: MeanField and QuadratureElbo, dare.likelihood)
     trainer: ClassVar[str] = "rl"  # what trains it: rl (rollouts and rewards) | preference (fixed pairs, no rollout)
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
     needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (Engine.own_samplers)
     whole_groups: ClassVar[str] = ""  # why a rollout's prompt groups cannot be dropped one by one ("": they can)
+
+    @classmethod
+    def supports(cls, family_name: str) -> bool:
+        """Whether the math allows the family of that name (its noise, then the family list)."""
+        noise = "uniform" if family_name in UNIFORM else "mask"
+        return noise in cls.noises and (cls.families is None or family_name in cls.families)
 
     def check_family(self, family) -> None:
         if family.noise not in self.noises:

@@ -7,6 +7,7 @@ reference log-probs under the same mask. Block families go through the ``[x_t â€
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..likelihood import MeanField
 from . import register
@@ -17,6 +18,8 @@ from .base import Algorithm
 @dataclass
 class D1(Algorithm):
     """d1 (diffu-GRPO): one-step mean-field estimate with random prompt masking."""
+
+    noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     p_prompt: float = 0.15  # probability of masking each real prompt token
     advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)

@@ -18,6 +18,7 @@ trains LLaDA; the ELBO reaches every family (block families: one global t per no
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -31,6 +32,8 @@ from .core import clipped_ratio_loss, kl_estimate
 @dataclass
 class GDPO(SequenceLevel):
     """GDPO: sequence-level ratio of the SDMC (Gauss-Legendre) ELBO."""
+
+    noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     points: int = 3  # quadrature nodes of the time integral (the paper: 2-3; its published recipe: 3)
     per_point: int = 1  # masks drawn per node (forwards per ELBO = points x per_point)

@@ -45,6 +45,8 @@ def group_weights(advantages: torch.Tensor, group_size: int, psi: float, negativ
 class WD1(Algorithm):
     """wd1: group-softmax weighted likelihood, positive and negative terms, no ratio."""
 
+    noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
+
     p_prompt: float = 0.15  # probability of masking each real prompt token (d1's estimate)
     psi: float = 1.0  # inverse temperature of the group softmax over advantages
     negative: bool = True  # the negative-sample term -w- (False: the positive term alone, the paper's PSR)
