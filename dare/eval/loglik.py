@@ -1,12 +1,13 @@
 """Likelihood mode: the ELBO of a continuation given a context, with N Monte-Carlo samples (stratified mask counts,
-as LLaDA's own evaluation), for multiple-choice benchmarks and OpenCompass's ``get_ppl``.
+as LLaDA's own evaluation), for multiple-choice benchmarks and OpenCompass's ``get_ppl``. Uniform-noise families
+(DiffusionGemma): the uniform ELBO's time integral on N Gauss-Legendre nodes, one noise draw at each.
 
     scores = continuation_elbo(model, family, tokenizer, ["2+2="] * 2, ["4", "5"], samples=32)   # higher = likelier
 """
 
 import torch
 
-from ..likelihood import MCElbo
+from ..likelihood import MCElbo, QuadratureElbo
 
 
 @torch.no_grad()
@@ -41,7 +42,7 @@ def elbo_of_ids(model, family, ctx: list[list[int]], cont: list[list[int]], samp
         batch = {"prompt_ids": prompt.to(device), "prompt_mask": prompt_mask.to(device),
                  "completion_ids": completion.to(device), "completion_mask": ones.to(device),
                  "loss_mask": ones.to(device)}
-        estimator = MCElbo(samples)
+        estimator = MCElbo(samples) if family.noise == "mask" else QuadratureElbo(points=samples)
         noise = estimator.corrupt(family, batch, torch.Generator(device).manual_seed(seed))
         out[rows] = (estimator.score(model, family, batch, noise).logp.mean(-1) * length).double().cpu()
     return out

@@ -12,7 +12,7 @@ With ``engine="sglang"`` (block families, in SGLang's environment; ``options=dic
 
 ``generate`` decodes with DARE's samplers (the family's chat template; OpenCompass's HUMAN/BOT/SYSTEM turns become
 chat turns), ``get_ppl`` is the per-token negative ELBO of each text after its first ``mask_length`` tokens
-(lower = likelier, as OpenCompass expects), ``get_token_len`` counts tokenizer tokens.
+(lower = likelier, as OpenCompass expects; ``dare.eval.loglik``: masked or uniform noise), ``get_token_len`` counts tokenizer tokens.
 """
 
 from dataclasses import fields
@@ -81,9 +81,6 @@ class DARECompassModel(BaseModel):
         if self.model is None:
             raise NotImplementedError("get_ppl scores with the model's own logits: use engine hf for perplexity "
                                       "benchmarks")
-        if self.family.noise != "mask":
-            raise NotImplementedError(f"get_ppl is the masked-diffusion ELBO; {self.family.name}'s noise is uniform "
-                                      "(no uniform-noise ELBO yet): use its generation benchmarks")
         ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in inputs]
         cuts = [min(mask_length[i] if mask_length else 0, len(x) - 1) for i, x in enumerate(ids)]
         elbo = elbo_of_ids(self.model, self.family, [x[:c] for x, c in zip(ids, cuts, strict=True)],
