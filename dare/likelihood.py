@@ -139,7 +139,7 @@ def canvas_logits(model, family, batch, noisy: torch.Tensor) -> torch.Tensor:
         attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
     length = attention[:, width_p:].sum(-1)
     cols = torch.arange(width, device=prompt.device)[None]
-    canvases = cols < canvas_width(family, 1) * (-(-length // family.block_size))[:, None]
+    canvases = cols < (family.block_size * -(-length // family.block_size))[:, None]
     clean = torch.cat([noisy[:, :width_p],
                        torch.nn.functional.pad(completion, (0, width - width_r), value=family.pad_id)], dim=1)
     attention = torch.cat([attention[:, :width_p].long(), canvases.long()], dim=1)
@@ -400,7 +400,7 @@ class QuadratureElbo(MCElbo):
             logits = canvas_logits(model, family, batch, noisy)
             terms = uniform_elbo_terms(logits, batch["completion_ids"], noisy[:, width_p:width_p + width_r],
                                        noise["t"][:, j])
-            value = -(terms * loss).sum(-1) * noise["weight"][:, j] / loss.sum(-1).clamp(min=1)
+            value = -terms.where(loss, 0.0).sum(-1) * noise["weight"][:, j] / loss.sum(-1).clamp(min=1)
             values.append(value.to(logits.dtype))
         return Estimate(torch.stack(values, -1))
 

@@ -1,8 +1,13 @@
 """Launched by tests/test_distributed.py under 2-process CPU DDP: 3 optimizer steps of sft_loss on a different random
-batch per rank, then checks that the parameters moved from init and are identical on every rank."""
+batch per rank, then checks that the parameters moved from init and are identical on every rank.
+
+    python tests/ddp_check.py [MODEL]     # under the 2-process launch; MODEL: tiny:sdar (default) or another
+"""
+
+import sys
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 
 from dare.config import leave_together
 from dare.models import load_pretrained
@@ -11,17 +16,19 @@ from dare.objectives import sft_loss
 
 def main():
     torch.set_num_threads(1)
-    accelerator = Accelerator(cpu=True)
+    # unused parameters allowed, as transformers' Trainer does for a model without gradient checkpointing:
+    # DiffusionGemma's vision tower never sees a text batch
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     rank, world = accelerator.process_index, accelerator.num_processes
     print(f"ddp_check rank={rank} world_size={world} distributed_type={accelerator.distributed_type}", flush=True)
-    model, _, family = load_pretrained("tiny:sdar")  # same seed on every rank
+    model, _, family = load_pretrained(sys.argv[1] if len(sys.argv) > 1 else "tiny:sdar")  # same seed on every rank
     model.train()
     init = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
     generator = torch.Generator().manual_seed(1000 + rank)  # different data and noise per rank
-    vocab = model.module.config.vocab_size
+    vocab = family.vocab_size
     low, high = 10, min(vocab, 200)  # ordinary tokens, away from the special ids at the end of the vocabulary
     losses = []
     for _ in range(3):

@@ -82,10 +82,6 @@ def layout_logits(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mas
     col = torch.arange(length, device=clean.device)
     if bool((start < q0).any()):
         raise ValueError(f"keep={keep} cuts into a completion: completions start at columns {start.tolist()}")
-    encoded = inner.model.encoder(input_ids=clean, attention_mask=real.long(), position_ids=pos,
-                                  cache=DynamicCache())
-    cache = encoded.cache
-
     q = col[q0:]
     block = torch.where(q[None] >= start[:, None], (q[None] - start[:, None]) // canvas, -1)  # [B, Q]
     block_start = start[:, None] + block.clamp(min=0) * canvas
@@ -100,12 +96,13 @@ def layout_logits(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mas
     masks = {FULL: torch.cat([on_enc, on_canvas], dim=-1),
              SLIDING: torch.cat([on_enc & recent, on_canvas], dim=-1)}
     masks = {k: additive(v, dtype) for k, v in masks.items()}
-    logits = model(decoder_input_ids=noisy[:, q0:], cache=cache, decoder_attention_mask=masks,
-                   decoder_position_ids=pos[:, q0:], self_conditioning_logits=self_conditioning,
-                   self_conditioning_mask=self_conditioning_mask).logits
+    # one call of the (possibly DDP / PEFT wrapped) model: its encoder fills the cache, its decoder reads it
+    out = model(input_ids=clean, attention_mask=real.long(), position_ids=pos, cache=DynamicCache(),
+                decoder_input_ids=noisy[:, q0:], decoder_attention_mask=masks, decoder_position_ids=pos[:, q0:],
+                self_conditioning_logits=self_conditioning, self_conditioning_mask=self_conditioning_mask)
     if not with_encoder:
-        return logits
-    return logits, softcap(inner, inner.lm_head(encoded.last_hidden_state))
+        return out.logits
+    return out.logits, softcap(inner, inner.lm_head(out.encoder_last_hidden_state))
 
 
 def softcap(model, logits: torch.Tensor) -> torch.Tensor:
