@@ -12,7 +12,8 @@ With ``engine="sglang"`` (block families, in SGLang's environment; ``options=dic
 
 ``generate`` decodes with DARE's samplers (the family's chat template; OpenCompass's HUMAN/BOT/SYSTEM turns become
 chat turns), ``get_ppl`` is the per-token negative ELBO of each text after its first ``mask_length`` tokens
-(lower = likelier, as OpenCompass expects; ``dare.eval.loglik``: masked or uniform noise), ``get_token_len`` counts tokenizer tokens.
+(lower = likelier, as OpenCompass expects; ``dare.eval.loglik``: masked or uniform noise), ``get_token_len``
+counts tokenizer tokens.
 """
 
 from dataclasses import fields
