@@ -41,6 +41,15 @@ def test_the_official_config_builds_the_checkpoints_architecture():
     assert (family.eos_id, family.pad_id, family.bos_id, family.mask_id) == (1, 0, 2, -1)
 
 
+def test_loading_freezes_the_vision_tower_and_nothing_else():
+    from dare.models import load_pretrained
+
+    model = load_pretrained("tiny:diffusion_gemma")[0]
+    frozen = {n.split(".")[2] for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"vision_tower", "embed_vision"}
+    assert all(p.requires_grad for n, p in model.named_parameters() if "language_model" in n or "decoder" in n)
+
+
 def test_the_tiny_tokenizer_has_gemmas_ids_and_turns(parts):
     _, tok, family = parts
     assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 1, 2)

@@ -61,6 +61,16 @@ def test_two_process_cpu_ddp(tmp_path):
     assert epochs == pytest.approx([4 / 64 * step for step in range(1, 5)]), epochs
 
 
+def test_two_process_diffusion_gemma_full_sft_with_gradient_checkpointing(tmp_path):
+    """transformers' Trainer turns DDP's unused-parameter detection off under gradient checkpointing; DiffusionGemma's
+    vision tower, never fed by text, is frozen at load (dare.models.diffusion_gemma.text_only), so DDP runs."""
+    out_dir = tmp_path / "out"
+    _launch(["train_sft.py", "--model", "tiny:diffusion_gemma", "--data.path", "tests/data/arith.jsonl",
+             "--data.prompt-key", "q", "--data.response-key", "a", "--data.max-length", "64", "--max-steps", "2",
+             "--save-steps", "2", "--gradient-checkpointing", "--report-to", "none", "--output-dir", str(out_dir)])
+    assert (out_dir / "checkpoint-2" / "COMPLETE").exists()
+
+
 @pytest.mark.parametrize("algo, extra", [
     ("d1", []),
     ("cj-grpo", ["--algo-config.mini-batches", "2"]),  # per-step (vector) normalisers, one per mini-batch

@@ -18,7 +18,6 @@ from typing import ClassVar
 import torch
 
 from ..likelihood import Estimate, Trajectory, decoding_path, rollout_attention
-from ..models.family import UNIFORM
 from ..sampling import SamplingConfig
 from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stats, token_mean
 
@@ -48,6 +47,8 @@ class Declared:
     @classmethod
     def supports(cls, family_name: str) -> bool:
         """Whether the math allows the family of that name (its noise, then the family list)."""
+        from ..models.family import UNIFORM  # here: --help imports this module, and dare.models loads transformers
+
         noise = "uniform" if family_name in UNIFORM else "mask"
         return noise in cls.noises and (cls.families is None or family_name in cls.families)
 

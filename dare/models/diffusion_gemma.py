@@ -43,6 +43,15 @@ def tiny_config(vocab_size: int, mask_token_id=None, eos_token_id=1, pad_token_i
                                 pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
 
 
+def text_only(model):
+    """The model with its vision tower frozen: DARE feeds it text only, so those weights never get a gradient (DDP
+    without unused-parameter detection, as transformers' Trainer runs it under gradient checkpointing, would stop on
+    them) and need no optimiser state. They still load and save with the rest."""
+    for name in ("vision_tower", "embed_vision"):
+        getattr(model.model.encoder, name).requires_grad_(False)
+    return model
+
+
 def _window(model) -> int:
     return model.config.get_text_config().sliding_window
 

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Diffus
 from transformers.utils import cached_file
 
 from .. import hub
+from . import diffusion_gemma
 from .family import KNOWN, Family, max_positions  # noqa: F401 (max_positions: re-exported)
 from .tiny import tiny_model, tiny_parts
 
@@ -108,15 +109,18 @@ def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", a
     if name_or_path.startswith("tiny:"):
         model = tiny_model(config)
         model.set_attn_implementation(attn_implementation)
-        return model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
-    # transformers' own class for DiffusionGemma (it has no causal-LM Auto entry); ours for the other families
-    model_class = DiffusionGemmaForBlockDiffusion if config.model_type == "diffusion_gemma" else AutoModelForCausalLM
-    try:
-        return model_class.from_pretrained(name_or_path, config=config, dtype=dtype,
-                                                    attn_implementation=attn_implementation,
-                                                    trust_remote_code=False, **kwargs)
-    except SafetensorError as e:
-        raise ValueError(f"{name_or_path}: a weights file is damaged or cut short ({e})") from None
+        model = model if dtype == "auto" else model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    else:
+        # transformers' own class for DiffusionGemma (no causal-LM Auto entry); ours for the other families
+        gemma = config.model_type == "diffusion_gemma"
+        model_class = DiffusionGemmaForBlockDiffusion if gemma else AutoModelForCausalLM
+        try:
+            model = model_class.from_pretrained(name_or_path, config=config, dtype=dtype,
+                                                attn_implementation=attn_implementation, trust_remote_code=False,
+                                                **kwargs)
+        except SafetensorError as e:
+            raise ValueError(f"{name_or_path}: a weights file is damaged or cut short ({e})") from None
+    return diffusion_gemma.text_only(model) if config.model_type == "diffusion_gemma" else model
 
 
 def load_pretrained(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
