@@ -248,25 +248,24 @@ def batch_stratified_counts(lengths: torch.Tensor, generator=None) -> torch.Tens
 def block_random_masks(maskable: torch.Tensor, block: int, draws: int, generator=None, t_min: float = 0.0,
                        t_max: float = 1.0) -> torch.Tensor:
     """SPG's masks ``[N, draws, R]`` over completion positions: per draw a block b among the valid ones (distinct
-    across draws while possible); later blocks fully masked, block b gets ``n ~ U{max(floor(l t_min), 1) ..
-    min(floor(l t_max), l)}`` random masked tokens (l = its valid length), earlier blocks clean."""
+    across draws while possible: the first ``draws`` of a random order of ``max(draws, V)`` slots, taken mod V);
+    later blocks fully masked, block b gets ``n ~ U{max(floor(l t_min), 1) .. min(floor(l t_max), l)}`` random
+    masked tokens (l = its valid length), earlier blocks clean. Batched over rows and draws (no Python loop)."""
     n_rows, length = maskable.shape
-    maskable = maskable.bool()
-    blocks = torch.arange(length, device=maskable.device) // block
-    out = torch.zeros(n_rows, draws, length, dtype=torch.bool, device=maskable.device)
-    for i in range(n_rows):
-        valid_blocks = int(blocks[maskable[i]].max()) + 1 if maskable[i].any() else 0
-        if not valid_blocks:
-            continue
-        order = uniform((max(draws, valid_blocks),), generator, maskable.device).argsort() % valid_blocks
-        for d in range(draws):
-            b = int(order[d % len(order)])
-            in_block = maskable[i] & (blocks == b)
-            size = int(in_block.sum())
-            low, high = max(int(size * t_min), 1), min(int(size * t_max), size)
-            n = low + int(uniform((1,), generator, maskable.device) * (high - low + 1))
-            out[i, d] = (maskable[i] & (blocks > b)) | random_subset(in_block, torch.tensor(min(n, high)), generator)
-    return out
+    maskable, device = maskable.bool(), maskable.device
+    blocks = torch.arange(length, device=device) // block
+    valid = torch.where(maskable, blocks + 1, 0).amax(-1)  # V: valid blocks per row (0: nothing maskable)
+    slots = max(draws, int(blocks[-1]) + 1 if length else 0)
+    keys = uniform((n_rows, slots), generator, device)
+    keys = keys.masked_fill(torch.arange(slots, device=device) >= valid.clamp(min=draws)[:, None], 2.0)
+    chosen = keys.argsort(-1)[:, :draws] % valid.clamp(min=1)[:, None]  # [N, draws]
+    in_block = maskable[:, None] & (blocks == chosen[..., None])
+    size = in_block.sum(-1)
+    low, high = (size * t_min).floor().long().clamp(min=1), torch.minimum((size * t_max).floor().long(), size)
+    count = low + (uniform(size.shape, generator, device) * (high - low + 1)).long()
+    out = (maskable[:, None] & (blocks > chosen[..., None])) | random_subset(in_block, count.minimum(high),
+                                                                              generator)
+    return out & (valid > 0)[:, None, None]
 
 
 def block_stratified_masks(maskable: torch.Tensor, offsets: torch.Tensor, block: int, rows: int,

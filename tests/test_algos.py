@@ -114,6 +114,17 @@ def test_spg_block_random_mask_region():
             assert not m[:4 * b].any() and torch.equal(m[4 * b + 4:], maskable[i, 4 * b + 4:])
             assert 1 <= int(m[4 * b:4 * b + 4].sum()) <= int(maskable[i, 4 * b:4 * b + 4].sum())
         assert len(set(chosen)) == 3
+    # more draws than valid blocks: every block is drawn floor or ceil(draws / V) times; no maskable token: no mask
+    maskable = torch.zeros(2, 16, dtype=torch.bool)
+    maskable[0, :10] = True
+    masks = block_random_masks(maskable, 4, 7, torch.Generator().manual_seed(1))
+    firsts = [int(m.nonzero()[0]) // 4 for m in masks[0]]
+    assert sorted(firsts.count(b) for b in range(3)) == [2, 2, 3] and not masks[1].any()
+    # the count in the chosen block is uniform on 1..l_b
+    maskable = torch.ones(4000, 4, dtype=torch.bool)
+    counts = block_random_masks(maskable, 4, 1, torch.Generator().manual_seed(2)).sum(-1).flatten()
+    freq = torch.bincount(counts, minlength=5)[1:].double() / len(counts)
+    assert (freq - 0.25).abs().max() < 4 * (0.25 * 0.75 / len(counts)) ** 0.5, freq
 
 
 def test_spg_gradient_is_reinforce_on_the_bound():
