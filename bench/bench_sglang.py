@@ -48,7 +48,8 @@ def build(family: str, size: str, folder: Path) -> str:
     make = {"sdar": sdar.tiny_config, "llada2": llada2.tiny_config}[family]
     config = make(vocab, mask_token_id=mask, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                   bos_token_id=tok.bos_token_id, **SIZES[size][family])
-    model = tiny_model(config)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU where there is one
+        model = tiny_model(config)
     with torch.no_grad():  # the tiny tokenizer spells ids < len(tok): only those can be decoded back to text
         head = model.get_output_embeddings().weight
         head[len(tok):] = 0
@@ -82,6 +83,8 @@ def compare(family: str, path: str, args) -> dict:
     ours = hf.generate(asked, 1, config, seed=0)
     del model, hf
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if "sglang" not in args.engines:
+        return {"family": family, "hf tok/s": ours.tokens_per_second}
     engine = SGLangEngine(path, tok, fam, SGLangOptions(mem_fraction=0.6, max_running_requests=args.prompts))
     try:
         engine.generate(asked[:1], 1, config, seed=0)
@@ -129,6 +132,8 @@ def main():
     parser.add_argument("--batch", type=int, default=64, help="hf engine micro-batch")
     parser.add_argument("--rl-steps", type=int, default=3, help="train_rl.py steps per engine (0: skip)")
     parser.add_argument("--rl-prompts", type=int, default=16, help="prompts per RL step (x4 completions)")
+    parser.add_argument("--engines", nargs="+", choices=("hf", "sglang"), default=["hf", "sglang"],
+                        help="hf alone: the baseline rows where SGLang is not installed")
     parser.add_argument("--out", default=None, help="folder for the checkpoints (default: a temporary one)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -136,7 +141,7 @@ def main():
     paths = {family: build(family, args.size, folder / family) for family in ("sdar", "llada2")}
     print(table([compare(family, path, args) for family, path in paths.items()]))
     if args.rl_steps:
-        print(table([rl_steps(paths["sdar"], engine, args) for engine in ("hf", "sglang")]))
+        print(table([rl_steps(paths["sdar"], engine, args) for engine in args.engines]))
 
 
 if __name__ == "__main__":

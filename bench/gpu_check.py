@@ -1,12 +1,13 @@
-r"""The GPU check, one command (about 5 minutes on one H200): for a random ~1B-parameter model of every family, built
-here (no download), one table of bf16 numerics, decoding speed, and SFT / RL step time and peak memory.
+r"""The GPU check, one command: for a random ~1B-parameter model of every family, built here (no download), one table
+of bf16 numerics, decoding speed, and SFT / RL step time and peak memory (257 s on one H200 with `--lengths 256 512`;
+the README's "On a GPU" has that table).
 
-    # here, once (the GPU machine has torch and peft but an older transformers, and no network):
+    # here, once (a GPU machine with torch but no network: the wheels it lacks):
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
     # there (carry .whl):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-    python3 bench/gpu_check.py                   # the table, on cuda
+    python3 bench/gpu_check.py --lengths 256 512  # the table, on cuda (bench/results/h200-*/run.sh: both benches)
     python bench/gpu_check.py --dry-run          # tiny models on CPU in seconds: what the test suite runs
 
 What each row measures: bench/README.md.
@@ -39,14 +40,15 @@ ONE_B = {
 
 
 class Bench:
-    def __init__(self, dry: bool):
+    def __init__(self, dry: bool, lengths=None):
         self.dry = dry
         self.device = "cpu" if dry else "cuda"
-        self.lengths = (16, 32) if dry else (256, 1024)
+        self.lengths = (16, 32) if dry else tuple(lengths or (256, 1024))
         self.rows = []
 
     def build(self, family: str, dtype=torch.bfloat16):
-        model, tok = tiny(family, **({} if self.dry else ONE_B[family]))
+        with torch.device(self.device):  # random init on the GPU: seconds less per ~1B model than on its CPU
+            model, tok = tiny(family, **({} if self.dry else ONE_B[family]))
         model = model.to(self.device, dtype)
         return model, tok, Family.from_pretrained(model.config, tok)
 
@@ -169,10 +171,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="tiny models on CPU, short lengths: checks the script runs")
     p.add_argument("--families", nargs="+", default=list(ONE_B), choices=list(ONE_B))
+    p.add_argument("--lengths", nargs="+", type=int, default=[256, 1024], help="decoding lengths (GPU run)")
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device; use --dry-run on CPU")
-    b = Bench(args.dry_run)
+    b = Bench(args.dry_run, args.lengths)
     started = time.perf_counter()
     device = "CPU (dry run)" if b.dry else torch.cuda.get_device_name()
     print(f"DARE GPU check on {device}; torch {torch.__version__}\n")

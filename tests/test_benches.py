@@ -30,6 +30,16 @@ def test_gpu_check_dry_run_fills_every_row():
     assert min(r[2] for r in rows if r[1] == "numerics: argmax agreement") > 0.9  # bf16 keeps the argmax
 
 
+
+def test_bench_sglang_hf_half_runs_without_sglang(tmp_path):
+    """What ran on the lent H200 (SGLang's kernels cannot be carried there): the hf engine's rows alone."""
+    out = subprocess.run([sys.executable, "bench/bench_sglang.py", "--size", "tiny", "--engines", "hf", "--prompts",
+                          "2", "--gen-length", "8", "--rl-steps", "0", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = re.findall(r"^\| (sdar|llada2) \| ([\d.e+]+) \|$", out.stdout, re.M)
+    assert [r[0] for r in rows] == ["sdar", "llada2"] and all(float(r[1]) > 0 for r in rows), out.stdout
+
 def test_live_peak_counts_live_tensors_not_freed_memory():
     """Three 16 MiB tensors made and freed one after another peak at 16 MiB (a resident-set high-water mark can read
     more: the allocator keeps freed pages); two alive at once peak at 32."""
