@@ -40,6 +40,13 @@ def test_bench_sglang_hf_half_runs_without_sglang(tmp_path):
     rows = re.findall(r"^\| (sdar|llada2) \| ([\d.e+]+) \|$", out.stdout, re.M)
     assert [r[0] for r in rows] == ["sdar", "llada2"] and all(float(r[1]) > 0 for r in rows), out.stdout
 
+
+def test_bench_scoring_skips_columns_and_saves_time_and_memory():
+    scoring = load_script(ROOT / "bench" / "bench_scoring.py", "dare_bench_scoring")
+    (_, before, _, peak_before), (_, now, _, peak_now) = scoring.main(
+        ["--hidden", "64", "--layers", "2", "--prompt", "32", "--completion", "32", "--repeats", "1"])
+    assert now < before and peak_now < peak_before  # columns and live memory (times: the bench's table)
+
 def test_live_peak_counts_live_tensors_not_freed_memory():
     """Three 16 MiB tensors made and freed one after another peak at 16 MiB (a resident-set high-water mark can read
     more: the allocator keeps freed pages); two alive at once peak at 32."""

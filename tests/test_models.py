@@ -168,6 +168,42 @@ def test_doubled_layout_with_padding(family):
     assert torch.allclose(padded[1, 2:], alone[0], atol=1e-5)
 
 
+
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
+def test_doubled_layout_skips_only_the_unread_noisy_prompt(family):
+    """RL scoring keeps the completion's logits only: the noisy copy of the prompt's whole blocks is dropped from the
+    call (masks.unread_noisy_columns), and the kept logits and their gradients equal the full layout's (1e-6). The
+    boundary is tight: dropping one more column (into the block the prompt and completion share) changes them."""
+    model, tok = tiny(family)
+    fam = Family.from_pretrained(model.config, tok)
+    bs = fam.block_size
+    prompt = 3 * bs + 1  # a block shared by the prompt's end and the completion's start
+    x0 = ids(tok, 3, prompt + 2 * bs, seed=4)
+    xt = x0.clone()
+    noise = torch.rand(x0.shape, generator=torch.Generator().manual_seed(5)) < 0.6
+    xt[:, prompt:] = x0[:, prompt:].masked_fill(noise[:, prompt:], fam.mask_id)
+    mask = torch.ones_like(x0)
+    mask[1, :bs + 2] = 0  # left padding: row 1's blocks start elsewhere, so its first kept block starts earlier
+    mask[2, :1] = 0
+    rows = torch.arange(prompt, x0.shape[1])
+    skip = masks.unread_noisy_columns(mask, rows, x0.shape[1], bs)
+    assert 0 < skip < prompt
+    model.train()  # no dropout in the tiny configs: train() only enables the graph
+    full = fam.logits(model, xt, mask, clean_ids=x0)[:, rows]
+    (full.float().pow(2).mean()).backward()
+    want = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+    model.zero_grad()
+    kept = fam.logits(model, xt, mask, clean_ids=x0, keep=rows)
+    (kept.float().pow(2).mean()).backward()
+    assert (kept - full).abs().max() < 1e-6
+    assert max(float((q.grad - want[n]).abs().max()) for n, q in model.named_parameters() if n in want) < 1e-6
+    with torch.no_grad():
+        ids_, pos, ok = masks.doubled_layout(xt, x0, mask, bs)
+        over = model(input_ids=ids_[:, skip + 1:], position_ids=pos[:, skip + 1:],
+                     attention_mask=masks.additive(ok[:, skip + 1:, skip + 1:], torch.float32),
+                     logits_to_keep=rows - skip - 1).logits
+    assert (over - full.detach()).abs().max() > 1e-4
+
 # ---------------------------------------------------------------- alignment
 
 

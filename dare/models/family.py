@@ -105,7 +105,9 @@ class Family:
           call has no prediction and repeats position 1's source (never a target when the call starts the
           sequence; a chunk that starts mid-sequence must include one preceding token).
         * doubled layout (``clean_ids`` given, block families): the model reads ``[x_t ‖ x_0]`` with the three
-          BD3LM attention rules and the logits of the noisy half are returned.
+          BD3LM attention rules and the logits of the noisy half are returned; with ``keep`` the noisy copy of the
+          blocks before every kept row's block (the prompt's, in RL scoring) is left out of the call: nothing kept
+          reads it (``masks.unread_noisy_columns``).
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
@@ -153,6 +155,10 @@ class Family:
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
+        if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
+            skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
+            ids, pos, rows = ids[:, skip:], pos[:, skip:], rows - skip
+            ok = None if ok is None else ok[:, skip:, skip:]
         return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
                      logits_to_keep=rows).logits
 

@@ -106,3 +106,22 @@ def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.T
     clean[:, length:] = True
     ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean, q_seg=seg2, k_seg=seg2)
     return torch.cat([x_t, x_0], dim=1), pos2, ok
+
+
+def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor, width: int, block_size: int) -> int:
+    """How many leading columns of the ``[x_t ‖ x_0]`` layout's noisy half no kept row ``rows`` (1-D columns of the
+    noisy half) can read: a noisy query reads noisy keys of its own block only and clean keys of earlier blocks, and
+    clean queries read clean keys only, so a row's noisy columns in blocks before its first kept block (the prompt's
+    whole blocks, in RL scoring) change no kept logit. The count is the same for every row (the batch's minimum)."""
+    if rows.numel() == 0:
+        return 0
+    batch = 1 if attention_mask is None else attention_mask.shape[0]
+    device = rows.device
+    valid = (torch.ones(batch, width, dtype=torch.bool, device=device) if attention_mask is None
+             else attention_mask.bool())
+    pos = positions_from_padding(valid) if attention_mask is not None else torch.arange(width, device=device)[None]
+    block = (pos // block_size).expand(batch, width)
+    first_kept = torch.where(valid[:, rows], block[:, rows], torch.iinfo(block.dtype).max).min(-1).values
+    needed = valid & (block >= first_kept[:, None])
+    first = torch.where(needed, torch.arange(width, device=device), width).min(-1).values
+    return min(int(first.min()), int(rows.min()))

@@ -1,0 +1,85 @@
+"""RL scoring in the block families' ``[x_t ‖ x_0]`` layout: the whole noisy half (before) against the noisy half
+without the prompt's whole blocks (now: ``dare.models.masks.unread_noisy_columns``), forward + backward of the
+completion's log-probabilities, on one CPU thread. Left-padded prompts of ``--prompt`` tokens (up to 16 fewer per
+row), completions of ``--completion``.
+
+    python bench/bench_scoring.py                                   # SDAR, hidden 256, 4 layers, 4 x (128 + 256)
+    python bench/bench_scoring.py --family llada2 --prompt 256 --completion 256
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from _common import LivePeak, hidden_override  # noqa: E402
+
+from dare.models import Family, masks, tiny  # noqa: E402
+
+
+def batch(fam, tok, rows: int, prompt: int, completion: int):
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randint(20, len(tok), (rows, prompt + completion), generator=g)
+    mask = torch.ones_like(x0)
+    for r in range(rows):
+        mask[r, :int(torch.randint(0, 17, (1,), generator=g))] = 0
+    xt = x0.clone()
+    xt[:, prompt:] = x0[:, prompt:].masked_fill(torch.rand(rows, completion, generator=g) < 0.5, fam.mask_id)
+    return xt, x0, mask, torch.arange(prompt, prompt + completion)
+
+
+def step(model, fam, xt, x0, mask, rows, skip: bool):
+    if skip:
+        logits = fam.logits(model, xt, mask, clean_ids=x0, keep=rows)
+    else:  # what every estimator did before: the whole noisy half, the completion's rows kept
+        ids, pos, ok = masks.doubled_layout(xt, x0, mask, fam.block_size)
+        logits = model(input_ids=ids, attention_mask=masks.additive(ok, torch.float32), position_ids=pos,
+                       logits_to_keep=rows).logits
+    logp = logits.float().log_softmax(-1).gather(-1, x0[:, rows, None])
+    logp.sum().backward()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="sdar", choices=["sdar", "sdar_moe", "llada2"])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--completion", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model, tok = tiny(args.family, num_hidden_layers=args.layers, **hidden_override(args.family, args.hidden))
+    model.train()
+    fam = Family.from_pretrained(model.config, tok)
+    xt, x0, mask, rows = batch(fam, tok, args.rows, args.prompt, args.completion)
+    skipped = masks.unread_noisy_columns(mask, rows, x0.shape[1], fam.block_size)
+    print(f"{args.family}, hidden {args.hidden}, {args.layers} layers, block {fam.block_size}: {args.rows} rows x "
+          f"({args.prompt} prompt + {args.completion} completion); the layout has {2 * x0.shape[1]} columns, "
+          f"{skipped} of them skipped\n")
+    print("| layout | columns | s / forward+backward | live peak MiB |\n|---|---|---|---|")
+    results = []
+    for name, skip in (("whole noisy half (before)", False), ("prompt's noisy blocks skipped (now)", True)):
+        step(model, fam, xt, x0, mask, rows, skip)  # warm-up
+        model.zero_grad(set_to_none=True)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            step(model, fam, xt, x0, mask, rows, skip)
+            times.append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+        with LivePeak() as peak:
+            step(model, fam, xt, x0, mask, rows, skip)
+        model.zero_grad(set_to_none=True)
+        columns = 2 * x0.shape[1] - (skipped if skip else 0)
+        results.append((name, columns, min(times), peak.mib))
+        print(f"| {name} | {columns} | {min(times):.3f} | {peak.mib:.0f} |", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
