@@ -47,6 +47,15 @@ def test_bench_scoring_skips_columns_and_saves_time_and_memory():
         ["--hidden", "64", "--layers", "2", "--prompt", "32", "--completion", "32", "--repeats", "1"])
     assert now < before and peak_now < peak_before  # columns and live memory (times: the bench's table)
 
+
+def test_bench_rollout_now_feeds_less_and_draws_the_same():
+    rollout = load_script(ROOT / "bench" / "bench_rollout.py", "dare_bench_rollout")
+    if subprocess.run(["git", "cat-file", "-e", f"{rollout.BEFORE}^{{commit}}"], cwd=ROOT).returncode:
+        pytest.skip(f"the 'before' revision {rollout.BEFORE} is not in this clone's history")
+    before, now = rollout.main(["--model", "tiny:sdar", "--prompts", "2", "--generations", "3", "--gen-length", "16",
+                                "--repeats", "1"])
+    assert now["identical"] == 1.0 and now["fed"] < before["fed"]  # the shared prefill alone feeds less
+
 def test_live_peak_counts_live_tensors_not_freed_memory():
     """Three 16 MiB tensors made and freed one after another peak at 16 MiB (a resident-set high-water mark can read
     more: the allocator keeps freed pages); two alive at once peak at 32."""

@@ -156,14 +156,72 @@ def test_block_greedy_batch_invariant(name, cache, threshold, offsets):
     assert not (out.sequences == fam.mask_id).any()
 
 
+class StopsAfter17(torch.nn.Module):
+    """The model, but a row whose input to this forward holds token 17 gets EOS's logit raised everywhere: with the
+    block grid the same alone and in a batch, a row whose last (partial-block) prompt token is 17 stops in its first
+    decoded block, alone or batched. Records how many rows each forward was fed."""
+
+    def __init__(self, model, eos_id):
+        super().__init__()
+        self.model, self.eos_id, self.rows_fed = model, eos_id, []
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.model, name)
+
+    def forward(self, input_ids, **kwargs):
+        self.rows_fed.append(input_ids.shape[0])
+        out = self.model(input_ids=input_ids, **kwargs)
+        out.logits[(input_ids == 17).any(-1), :, self.eos_id] += 50.0
+        return out
+
+
+@pytest.mark.parametrize("short", [False, True])
+@pytest.mark.parametrize("threshold", [None, 0.05])
+@pytest.mark.parametrize("cache", ["block", "none"])
 @pytest.mark.parametrize("name", BLOCK_FAMILIES)
-def test_block_greedy_batch_invariant_with_stop(name):
-    """With stop_at_eos the batch keeps decoding after a row stopped; that row still matches its solo run (which
-    stopped early), tokens after its first stop id being padding with step -1 in both."""
-    model, tok, fam = load(name)
-    ids, mask = chat_prompts(tok, ["hi", "what is two plus two, in words?", "count to three"])
-    cfg = SamplingConfig(gen_length=12 if fam.block_size == 4 else 40, steps=4, cache="none")
-    assert_batch_invariant(model, fam, ids, mask, cfg, exact_steps=False)
+def test_block_finished_rows_leave_the_batch(name, cache, threshold, short):
+    """A row that holds a stop token after a block is no longer fed to the model (nor kept in its cache), and every
+    row, the stopped one and those decoding on, equals its solo run. ``short``: no prompt fills a block, so the
+    cache is empty (cropped to no positions) when the row leaves."""
+    model, _, fam = load(name)
+    b = fam.block_size
+    ids, mask = prompts(fam, [b - 2, b - 1, b - 1] if short else [b + 2, b + 3, 2 * b + 1], seed=5)
+    ids[ids == 17] = 18
+    ids[0, -1] = 17
+    cfg = SamplingConfig(gen_length=4 * b, steps=2 if b == 4 else 4, cache=cache, threshold=threshold)
+    stopper = StopsAfter17(model, fam.eos_id)
+    batch = generate(stopper, fam, ids, mask, cfg)
+    stopped = torch.isin(batch.sequences, torch.tensor(fam.stop_ids)).any(-1)
+    assert stopped[0] and not stopped.all(), batch.sequences
+    assert stopper.rows_fed[0] == 3 and stopper.rows_fed[-1] < 3, stopper.rows_fed
+    for r in range(3):
+        same_row(batch, r, generate(stopper, fam, unpadded(ids, mask, r), None, cfg), 0, exact_steps=False)
+
+
+@pytest.mark.parametrize("name", BLOCK_FAMILIES)
+def test_block_group_prefills_its_prompt_once(name):
+    """The completions of one prompt share its full prompt blocks: the prefill is fed each distinct prompt once, and
+    every row decodes greedily as it does alone; sampling, the rows of a group share K/V, not draws."""
+    model, _, fam = load(name)
+    b = fam.block_size
+    ids, mask = prompts(fam, [2 * b + 1, 3 * b + 2], seed=6)
+    ids[ids == 17] = 18  # StopsAfter17 only counts rows here
+    group = ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
+    stopper = StopsAfter17(model, fam.eos_id)
+    for temperature in (0.0, 1.0):
+        cfg = SamplingConfig(gen_length=2 * b, steps=2 if b == 4 else 4, cache="block", temperature=temperature,
+                             stop_at_eos=False)
+        stopper.rows_fed.clear()
+        shared = generate(stopper, fam, *group, cfg, torch.Generator().manual_seed(3))
+        assert stopper.rows_fed[0] == 2 and set(stopper.rows_fed[1:]) == {6}, stopper.rows_fed
+    for r in range(6):
+        greedy = SamplingConfig(gen_length=2 * b, steps=2 if b == 4 else 4, cache="block", stop_at_eos=False)
+        same_row(generate(model, fam, *group, greedy), r, generate(model, fam, unpadded(*group, r), None, greedy), 0,
+                 exact_steps=False)
+    assert len({tuple(row.tolist()) for row in shared.sequences[:3]}) > 1  # the last run sampled
 
 
 @pytest.mark.parametrize("cache", ["none", "block"])

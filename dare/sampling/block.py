@@ -9,7 +9,7 @@ resumes exactly. How it follows the official samplers: ``generate_block``.
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .cache import truncate
+from .cache import keep_rows, truncate
 from .config import Generation, plan_block
 from .primitives import (
     CONFIDENCE,
@@ -31,12 +31,17 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     * a block's schedule counts from the block size, ``n_j`` = the even split of the block over the steps, capped by
       the masks left (LLaDA2's ``min(n_j, left)``; SDAR's uncapped ``topk`` would overwrite a decoded token when a
       prompt fills part of the first block, a bug not copied), so a resumed block keeps its counts;
-    * stopping: after a block, a sequence that holds a stop token (EOS or the turn terminator) is finished; the
-      batch stops once all are. Tokens after a sequence's first stop token are padding (step -1).
+    * stopping: after a block, a sequence that holds a stop token (EOS or the turn terminator) is finished and
+      leaves the batch (the model and its cache see only the rows still decoding); the batch stops once all are.
+      Tokens after a sequence's first stop token are padding (step -1). The sampling draws stay those of the whole
+      batch, so a fixed schedule draws what it drew with the finished rows riding along; a threshold (a block runs
+      while any live row has masks) may run fewer steps, so later blocks draw other, equally distributed, numbers.
 
     Batching: every prompt is laid out so that its block grid coincides with the canvas grid (left padding by whole
     blocks); the last, partial prompt block is the first block decoded. Committed blocks live in a KV cache; a
-    finished block's K/V are appended during the next block's first forward (no extra pass). LLaDA2.1 editing
+    finished block's K/V are appended during the next block's first forward (no extra pass); the full prompt
+    blocks are prefilled once per distinct prompt and their K/V copied to its rows (block-causal attention: a
+    prompt's K/V do not depend on what follows it). LLaDA2.1 editing
     (``editing_threshold``): every step also overwrites already decoded tokens of the block whose new proposal
     differs with confidence above the threshold; once the block has no masks it keeps refining for up to
     ``max_post_steps`` steps while anything changes. ``step_map`` keeps the step of the first unmasking (edits
@@ -61,12 +66,18 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     quota = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(
         torch.full((n_rows,), block, device=x.device), steps)  # counted from the block size (official)
     cache = DynamicCache() if cache_mode == "block" else None
-    if cache is not None and n_full:
-        model(x[:, :n_full], attention_mask=attn[:, :n_full], cache=cache)
+    if cache is not None and n_full:  # the full prompt blocks, once per distinct prompt (a GRPO group shares one)
+        distinct, copy = torch.unique(torch.cat([x[:, :n_full], attn[:, :n_full]], 1), dim=0, return_inverse=True)
+        if len(distinct) < n_rows:  # (unique sorts its rows: the copy puts each back in its place)
+            model(distinct[:, :n_full], attention_mask=distinct[:, n_full:], cache=cache)
+            keep_rows(cache, copy)
+        else:
+            model(x[:, :n_full], attention_mask=attn[:, :n_full], cache=cache)
         out.nfe += 1
     slot = block if dynamic else steps  # global steps owned by each block (a threshold commits >= 1 per step)
     pending, step = None, 0  # pending: start of the first finished block whose K/V are not cached yet
     stop_ids = torch.tensor(family.stop_ids, device=x.device)
+    live = torch.ones(n_rows, dtype=torch.bool, device=x.device)  # rows still decoding (the cache holds these)
     decodable = attn.bool() & (torch.arange(total, device=x.device)[None] >= gen_start[:, None])  # not prompt
     for b, start in enumerate(range(n_full, total, block)):
         end = start + block
@@ -77,18 +88,22 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
                 break
             pending = start if pending is None else pending  # decoded before the resume: cache it with the next
             continue
-        masked = x[:, start:end] == family.mask_id
+        masked = (x[:, start:end] == family.mask_id) & live[:, None]
+        rows = None if bool(live.all()) else live.nonzero()[:, 0]
         generated = masked.clone()  # positions of this block that are decoded (not prompt, not padding)
         post, edited, carry = 0, True, torch.zeros(n_rows, dtype=torch.long, device=x.device)
         while ((masked.any() and (dynamic or j < steps)) or (editing and edited and post < cfg.max_post_steps)) \
                 and step < stop_after:
+            xs, attns = (x, attn) if rows is None else (x[rows], attn[rows])
             if cache is None:
-                lg = family.logits(model, x[:, :end], attn[:, :end])[:, start:]
+                lg = family.logits(model, xs[:, :end], attns[:, :end])[:, start:]
             else:
                 first = start if pending is None else pending
-                lg = family.logits(model, x[:, first:end], attn[:, :end], cache=cache)[:, -block:]
+                lg = family.logits(model, xs[:, first:end], attns[:, :end], cache=cache)[:, -block:]
                 truncate(cache, start)
                 pending = None
+            if rows is not None:  # finished rows get flat logits: nothing of theirs is masked, so nothing commits
+                lg = lg.new_zeros((n_rows, *lg.shape[1:])).index_copy_(0, rows, lg)
             out.nfe += 1
             left = masked.sum(-1)
             n = (quota[:, j] if j < steps else torch.zeros_like(left)) + carry
@@ -117,8 +132,13 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
             if cfg.record_states:
                 out.states.append(x.gather(1, region))
         pending = start if pending is None else pending
-        if cfg.stop_at_eos and bool((torch.isin(x[:, :end], stop_ids) & decodable[:, :end]).any(-1).all()):
-            break
+        if cfg.stop_at_eos:
+            finished = (torch.isin(x[:, :end], stop_ids) & decodable[:, :end]).any(-1)
+            if bool(finished.all()):
+                break
+            if cache is not None and bool((finished & live).any()):
+                keep_rows(cache, (~finished[live]).nonzero()[:, 0])  # the cache's rows are the live ones
+            live &= ~finished
 
     seq, steps_taken, blk = (t.gather(1, region) for t in (x, step_map, block_step))
     # the replay view (cj-grpo): every decoded token, the whole last block and the whole block of the stop token

@@ -1,4 +1,4 @@
-"""Two operations on a transformers ``DynamicCache`` that the samplers need."""
+"""The operations on a transformers ``DynamicCache`` that the samplers need."""
 
 
 def truncate(cache, length: int) -> None:
@@ -16,3 +16,11 @@ def move_tail(cache, start: int, end: int) -> None:
         layer.keys[..., start:end, :] = layer.keys[..., -n:, :]
         layer.values[..., start:end, :] = layer.values[..., -n:, :]
     cache.crop(-n)
+
+
+def keep_rows(cache, rows) -> None:
+    """Keep (or repeat) the batch rows ``rows`` of every layer; unlike ``batch_select_indices``, also of a layer
+    cropped to no positions, which keeps its batch size for the next ``update``."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.dim() == 4:
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]

@@ -1,0 +1,112 @@
+"""Block-diffusion rollouts as RL draws them (G completions per prompt, prompt-major, stop at EOS), before and now in
+one run: "before" is ``dare/sampling/block.py`` as of ``--before`` (a git revision, loaded from git: every row
+prefilled its own prompt, finished rows rode along until the last row stopped), "now" the working tree (a group's
+prompt blocks prefilled once, a finished row leaves the batch and its cache). Columns: wall seconds (best of
+``--repeats``, one thread), row-positions fed to the model per completion (rows x positions over every call),
+forwards, and the share of completions identical to before's (same seed: with a fixed schedule the sampling draws
+are the same, so 100 % is expected; with a threshold, blocks after a stop may run fewer steps and draw differently).
+
+    python train_sft.py --config recipes/standin/sdar.yaml       # a trained stand-in that stops (~15 min), then:
+    python bench/bench_rollout.py --model outputs/standin-sdar
+    python bench/bench_rollout.py --model outputs/standin-sdar --threshold 0.9
+    python bench/bench_rollout.py --model tiny:sdar --gen-length 32   # random weights: no row stops (a smoke run)
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
+import dare.sampling  # noqa: E402
+from dare.data.tasks import make_task  # noqa: E402
+from dare.models import load_pretrained  # noqa: E402
+from dare.sampling import SamplingConfig, generate  # noqa: E402
+from dare.sampling import block as block_now  # noqa: E402
+
+BEFORE = "c8eb8f1"  # the last commit before rows left the batch and groups shared their prefill
+
+
+def sampler_at(revision: str):
+    """``generate_block`` of ``dare/sampling/block.py`` at a git revision, importable beside the current package."""
+    source = subprocess.run(["git", "show", f"{revision}:dare/sampling/block.py"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    module = types.ModuleType("dare.sampling.block_before")
+    module.__package__ = "dare.sampling"
+    exec(compile(source, f"block.py@{revision}", "exec"), module.__dict__)
+    return module.generate_block
+
+
+class RowsFed:
+    """Row-positions fed to the model (a forward pre-hook reading ``input_ids``: rows x positions per call)."""
+
+    def __init__(self, model):
+        self.total = 0
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.total += 0 if ids is None else ids.numel()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny:sdar", help="a block-family folder or tiny:<family>")
+    p.add_argument("--task", default="cycle", help="generated task whose held-out questions are the prompts")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--generations", type=int, default=8, help="completions per prompt (one batch of all)")
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--threshold", type=float, default=None, help="dynamic unmasking (default: static, 1 per step)")
+    p.add_argument("--before", default=BEFORE, help="git revision of the 'before' sampler")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tok, family = load_pretrained(args.model, dtype=torch.float32)
+    if not family.is_block_diffusion:
+        raise SystemExit(f"error: {args.model} is a {family.name} model; this bench decodes block families")
+    model.eval()
+    tok.padding_side = "left"
+    rows = make_task(args.task, args.prompts, 0, "test")
+    messages = [[{"role": "user", "content": r["prompt"][-1]["content"]}] for r in rows for _ in
+                range(args.generations)]
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, padding=True, return_dict=True,
+                                  return_tensors="pt", tokenizer_kwargs={"padding_side": "left"})
+    cfg = SamplingConfig(gen_length=args.gen_length, temperature=args.temperature, threshold=args.threshold,
+                         cache="block")
+    print(f"{args.model} ({family.name}, block {family.block_size}): {args.prompts} prompts x {args.generations} "
+          f"completions of {args.gen_length} tokens, T = {args.temperature}, threshold {args.threshold}, "
+          f"{args.threads} thread(s)\n")
+    print("| sampler | s | row-positions fed / completion | forwards | completion tokens (mean) | identical to "
+          "before |\n|---|---|---|---|---|---|")
+    results, first, now = [], None, block_now.generate_block
+    for name, sampler in ((f"before ({args.before})", sampler_at(args.before)), ("now", now)):
+        dare.sampling.block.generate_block = sampler  # generate() imports it from the module at every call
+        fed, best = RowsFed(model), float("inf")
+        try:
+            for _ in range(args.repeats):
+                fed.total = 0
+                start = time.perf_counter()
+                out = generate(model, family, enc["input_ids"], enc["attention_mask"], cfg,
+                               torch.Generator().manual_seed(0))
+                best = min(best, time.perf_counter() - start)
+        finally:
+            fed.handle.remove()
+            dare.sampling.block.generate_block = now
+        first = out.sequences if first is None else first
+        same = float((out.sequences == first).all(-1).double().mean())
+        per_row = fed.total / len(out.sequences)
+        results.append(dict(seconds=best, fed=per_row, nfe=out.nfe, identical=same))
+        print(f"| {name} | {best:.2f} | {per_row:.0f} | {out.nfe} | {float(out.lengths.double().mean()):.1f} | "
+              f"{same:.0%} |", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
