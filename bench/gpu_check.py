@@ -36,7 +36,14 @@ ONE_B = {
     "llada2": dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024, num_hidden_layers=16,
                    num_attention_heads=16, num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=2,
                    n_group=4, topk_group=2),
+    "sdar_moe": dict(hidden_size=2048, moe_intermediate_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=2),
+    "diffusion_gemma": dict(hidden_size=1536, intermediate_size=4096, moe_intermediate_size=1024, num_hidden_layers=12,
+                            num_attention_heads=16, num_key_value_heads=4, head_dim=128, global_head_dim=128,
+                            sliding_window=512, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 2,
+                            num_experts=8, top_k_experts=2, canvas_length=256),
 }
+DRY = {"diffusion_gemma": dict(canvas_length=16)}  # the dry run's lengths are whole canvases
 
 
 class Bench:
@@ -48,7 +55,7 @@ class Bench:
 
     def build(self, family: str, dtype=torch.bfloat16):
         with torch.device(self.device):  # random init on the GPU: seconds less per ~1B model than on its CPU
-            model, tok = tiny(family, **({} if self.dry else ONE_B[family]))
+            model, tok = tiny(family, **(DRY.get(family, {}) if self.dry else ONE_B[family]))
         model = model.to(self.device, dtype)
         return model, tok, Family.from_pretrained(model.config, tok)
 
@@ -74,9 +81,16 @@ def numerics(b: Bench, family: str):
     model, tok, fam = b.build(family, torch.float32)
     ids = torch.randint(20, len(tok), (2, 32 if b.dry else 256), generator=torch.Generator().manual_seed(0))
     ids = ids.to(b.device)
+    score = lambda m: fam.logits(m, ids).float()
+    if fam.noise == "uniform":  # DiffusionGemma: the second half as canvases of random tokens after the first
+        half = ids.shape[1] // 2
+        noisy = ids.clone()
+        noisy[:, half:] = torch.randint_like(noisy[:, half:], 20, len(tok))
+        start = torch.full((len(ids),), half, device=ids.device)
+        score = lambda m: fam.logits(m, noisy, clean_ids=ids, start=start)[:, half:].float()
     with torch.no_grad():
-        exact = fam.logits(model, ids).float()
-        low = fam.logits(model.to(torch.bfloat16), ids).float()
+        exact = score(model)
+        low = score(model.to(torch.bfloat16))
     b.add(family, "numerics: max |bf16 - fp32| / std", float((low - exact).abs().max() / exact.std()), "")
     b.add(family, "numerics: argmax agreement", float((low.argmax(-1) == exact.argmax(-1)).double().mean()), "")
     params = sum(p.numel() for p in model.parameters())
@@ -89,14 +103,15 @@ def decoding(b: Bench, family: str):
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
     prompts = torch.randint(20, len(tok), (8, 64), generator=torch.Generator().manual_seed(1)).to(b.device)
-    fast = dict(cache="dual", threshold=0.9) if not fam.is_block_diffusion else dict(cache="block", threshold=0.9)
-    plain = dict(cache="none") if fam.is_block_diffusion else {}
+    variants = {"mask": (("plain", {}), ("dual cache + threshold", dict(cache="dual", threshold=0.9))),
+                "block": (("no cache", dict(cache="none")), ("block cache + threshold", dict(cache="block",
+                                                                                          threshold=0.9))),
+                "uniform": (("entropy bound", {}), ("entropy bound, argmax proposals", dict(temperature=0.0)))}
+    kind = "uniform" if fam.noise == "uniform" else "block" if fam.is_block_diffusion else "mask"
     for length in b.lengths:
-        for name, knobs in (("plain" if not fam.is_block_diffusion else "no cache", plain),
-                            ("dual cache + threshold" if not fam.is_block_diffusion else "block cache + threshold",
-                             fast)):
-            extra = {} if fam.is_block_diffusion else dict(block_length=min(32, length))
-            config = SamplingConfig(gen_length=length, stop_at_eos=False, **extra, **knobs)
+        for name, knobs in variants[kind]:
+            extra = dict(block_length=min(32, length)) if kind == "mask" else {}
+            config = SamplingConfig(gen_length=length, stop_at_eos=kind == "uniform", **extra, **knobs)
             b.sync()
             start = time.perf_counter()
             with torch.no_grad():
@@ -144,10 +159,10 @@ def rl_step(b: Bench, family: str):
     model, tok, fam = b.build(family)
     algo = get_algorithm("d1")().validate(fam)
     engine = HFEngine(model, tok, fam)
-    fast = dict(cache="block", threshold=0.9) if fam.is_block_diffusion else dict(cache="dual", threshold=0.9,
-                                                                                   block_length=32)
+    fast = {} if fam.noise == "uniform" else dict(cache="block", threshold=0.9) if fam.is_block_diffusion else \
+        dict(cache="dual", threshold=0.9, block_length=32)
     config = algo.rollout_sampling(fam, SamplingConfig(gen_length=16 if b.dry else 256, temperature=1.0,
-                                                       stop_at_eos=False,
+                                                       stop_at_eos=fam.noise == "uniform",
                                                        **({} if b.dry and not fam.is_block_diffusion else fast)))
     prompts = ["What is 12 + 30? Answer with the number."] * 8
     b.reset_peak()

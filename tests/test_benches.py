@@ -19,7 +19,7 @@ from dare.config import parse
 def test_gpu_check_dry_run_fills_every_row():
     check = load_script(ROOT / "bench" / "gpu_check.py", "dare_gpu_check")
     rows = check.main(["--dry-run"])
-    families = {"llada", "dream", "sdar", "llada2"}
+    families = {"llada", "dream", "sdar", "llada2", "sdar_moe", "diffusion_gemma"}
     assert {r[0] for r in rows} == families
     for family in families:
         measures = {r[1] for r in rows if r[0] == family}
