@@ -1,18 +1,22 @@
-"""Block-diffusion rollouts as RL draws them (G completions per prompt, prompt-major, stop at EOS), before and now in
-one run: "before" is ``dare/sampling/block.py`` as of ``--before`` (a git revision, loaded from git: every row
-prefilled its own prompt, finished rows rode along until the last row stopped), "now" the working tree (a group's
-prompt blocks prefilled once, a finished row leaves the batch and its cache). Columns: wall seconds (best of
-``--repeats``, one thread), row-positions fed to the model per completion (rows x positions over every call),
-forwards, and the share of completions identical to before's (same seed: with a fixed schedule the sampling draws
-are the same, so 100 % is expected; with a threshold, blocks after a stop may run fewer steps and draw differently).
+"""Rollouts as RL draws them (G completions per prompt, prompt-major), before and now in one run: "before" is the
+family's sampler (``dare/sampling/block.py`` or ``masked.py``) as of ``--before`` (a git revision, loaded from git),
+"now" the working tree's. Block families: a group's prompt blocks are now prefilled once and a row that stopped
+leaves the batch and its cache (before: every row prefilled its prompt, finished rows rode along until the last
+stopped). Masked families with a threshold: a row whose block is done now sits out the block's remaining forwards.
+Columns: wall seconds (best of ``--repeats``, one thread), row-positions fed to the model per completion (rows x
+positions over every call), forwards, and the share of completions identical to before's (same seed: the sampling
+draws are the whole batch's either way, so 100 % is expected where the steps run are the same).
 
     python train_sft.py --config recipes/standin/sdar.yaml       # a trained stand-in that stops (~15 min), then:
     python bench/bench_rollout.py --model outputs/standin-sdar
     python bench/bench_rollout.py --model outputs/standin-sdar --threshold 0.9
     python bench/bench_rollout.py --model tiny:sdar --gen-length 32   # random weights: no row stops (a smoke run)
+    python train_sft.py --config recipes/standin/llada.yaml      # the LLaDA stand-in (~8 min), then:
+    python bench/bench_rollout.py --model outputs/standin-llada --threshold 0.9 --cache dual
 """
 
 import argparse
+import importlib
 import subprocess
 import sys
 import time
@@ -23,23 +27,21 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
-import dare.sampling  # noqa: E402
 from dare.data.tasks import make_task  # noqa: E402
 from dare.models import load_pretrained  # noqa: E402
 from dare.sampling import SamplingConfig, generate  # noqa: E402
-from dare.sampling import block as block_now  # noqa: E402
 
-BEFORE = "c8eb8f1"  # the last commit before rows left the batch and groups shared their prefill
+BEFORE = "c8eb8f1"  # the last commit before rows left the batches and groups shared their prefill
 
 
-def sampler_at(revision: str):
-    """``generate_block`` of ``dare/sampling/block.py`` at a git revision, importable beside the current package."""
-    source = subprocess.run(["git", "show", f"{revision}:dare/sampling/block.py"], cwd=ROOT, capture_output=True,
+def sampler_at(revision: str, name: str):
+    """``generate_<name>`` of ``dare/sampling/<name>.py`` at a git revision, importable beside the current package."""
+    source = subprocess.run(["git", "show", f"{revision}:dare/sampling/{name}.py"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
-    module = types.ModuleType("dare.sampling.block_before")
+    module = types.ModuleType(f"dare.sampling.{name}_before")
     module.__package__ = "dare.sampling"
-    exec(compile(source, f"block.py@{revision}", "exec"), module.__dict__)
-    return module.generate_block
+    exec(compile(source, f"{name}.py@{revision}", "exec"), module.__dict__)
+    return getattr(module, f"generate_{name}")
 
 
 class RowsFed:
@@ -56,21 +58,24 @@ class RowsFed:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny:sdar", help="a block-family folder or tiny:<family>")
+    p.add_argument("--model", default="tiny:sdar", help="a model folder or tiny:<family> (not DiffusionGemma)")
     p.add_argument("--task", default="cycle", help="generated task whose held-out questions are the prompts")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--generations", type=int, default=8, help="completions per prompt (one batch of all)")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--threshold", type=float, default=None, help="dynamic unmasking (default: static, 1 per step)")
+    p.add_argument("--cache", default=None, help="default: block (block families), none (masked families)")
+    p.add_argument("--block-length", type=int, default=32, help="masked families' semi-autoregressive block")
     p.add_argument("--before", default=BEFORE, help="git revision of the 'before' sampler")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tok, family = load_pretrained(args.model, dtype=torch.float32)
-    if not family.is_block_diffusion:
-        raise SystemExit(f"error: {args.model} is a {family.name} model; this bench decodes block families")
+    if family.noise == "uniform":
+        raise SystemExit(f"error: {args.model} is a {family.name} model; this bench decodes masked and block families")
+    kind = "block" if family.is_block_diffusion else "masked"
     model.eval()
     tok.padding_side = "left"
     rows = make_task(args.task, args.prompts, 0, "test")
@@ -78,16 +83,18 @@ def main(argv=None):
                 range(args.generations)]
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, padding=True, return_dict=True,
                                   return_tensors="pt", tokenizer_kwargs={"padding_side": "left"})
+    extra = {} if kind == "block" else dict(block_length=args.block_length, steps=args.gen_length)
     cfg = SamplingConfig(gen_length=args.gen_length, temperature=args.temperature, threshold=args.threshold,
-                         cache="block")
-    print(f"{args.model} ({family.name}, block {family.block_size}): {args.prompts} prompts x {args.generations} "
-          f"completions of {args.gen_length} tokens, T = {args.temperature}, threshold {args.threshold}, "
-          f"{args.threads} thread(s)\n")
+                         cache=args.cache or ("block" if kind == "block" else "none"), **extra)
+    print(f"{args.model} ({family.name}, block {family.block_size or args.block_length}): {args.prompts} prompts x "
+          f"{args.generations} completions of {args.gen_length} tokens, T = {args.temperature}, threshold "
+          f"{args.threshold}, cache {cfg.cache}, {args.threads} thread(s)\n")
     print("| sampler | s | row-positions fed / completion | forwards | completion tokens (mean) | identical to "
           "before |\n|---|---|---|---|---|---|")
-    results, first, now = [], None, block_now.generate_block
-    for name, sampler in ((f"before ({args.before})", sampler_at(args.before)), ("now", now)):
-        dare.sampling.block.generate_block = sampler  # generate() imports it from the module at every call
+    module = importlib.import_module(f"dare.sampling.{kind}")
+    results, first, now = [], None, getattr(module, f"generate_{kind}")
+    for name, sampler in ((f"before ({args.before})", sampler_at(args.before, kind)), ("now", now)):
+        setattr(module, f"generate_{kind}", sampler)  # generate() imports it from the module at every call
         fed, best = RowsFed(model), float("inf")
         try:
             for _ in range(args.repeats):
@@ -98,7 +105,7 @@ def main(argv=None):
                 best = min(best, time.perf_counter() - start)
         finally:
             fed.handle.remove()
-            dare.sampling.block.generate_block = now
+            setattr(module, f"generate_{kind}", now)
         first = out.sequences if first is None else first
         same = float((out.sequences == first).all(-1).double().mean())
         per_row = fed.total / len(out.sequences)

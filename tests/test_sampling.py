@@ -178,6 +178,23 @@ class StopsAfter17(torch.nn.Module):
         return out
 
 
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("name", MASKED_FAMILIES)
+def test_masked_rows_done_with_their_block_sit_out(name, cache):
+    """Threshold decoding (rule "one") finishes a block's rows at different steps: a row with no masks left in the
+    block is not fed again until the next block's full pass, and every row still decodes as it does alone."""
+    model, _, fam = load(name)
+    ids, mask = prompts(fam, [3, 6, 9], seed=8)
+    ids[ids == 17] = 18  # StopsAfter17 only counts rows here
+    cfg = SamplingConfig(gen_length=16, block_length=8, steps=16, threshold=0.05, threshold_rule="one", cache=cache)
+    counter = StopsAfter17(model, fam.eos_id)
+    out = generate(counter, fam, ids, mask, cfg)
+    assert min(counter.rows_fed) < 3 and max(counter.rows_fed) == 3, counter.rows_fed
+    assert not (out.sequences == fam.mask_id).any()
+    for r in range(3):
+        same_row(out, r, generate(model, fam, unpadded(ids, mask, r), None, cfg), 0, exact_steps=False)
+
+
 @pytest.mark.parametrize("short", [False, True])
 @pytest.mark.parametrize("threshold", [None, 0.05])
 @pytest.mark.parametrize("cache", ["block", "none"])

@@ -8,13 +8,17 @@ block is done; where the steps do not divide the block, the remainder goes to th
 asserts divisibility). Fast-dLLM caches: "prefix" keeps the K/V of everything before
 the block from the block's first (full) pass; "dual" keeps the whole canvas and overwrites the block's rows in
 place. Both refresh at every block and are approximations for bidirectional models (stale K/V).
+A row whose block has no masks left sits out the block's remaining forwards (threshold decoding finishes rows at
+different steps; the cache drops its rows until the next block's full pass); its proposals were never committed,
+and the sampling draws stay the whole batch's, so the output is the same. Not with classifier-free guidance or
+recorded whole-canvas predictions, which read every row.
 """
 
 import torch
 from transformers.cache_utils import DynamicCache
 
 from ..models.masks import positions_from_padding
-from .cache import move_tail, truncate
+from .cache import keep_rows, move_tail, truncate
 from .config import Generation, plan_masked
 from .primitives import (
     CONFIDENCE,
@@ -43,6 +47,7 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
             raise ValueError(f"need 0 <= from_step ({from_step}) <= to_step ({to_step}) <= steps ({steps})")
     to_step = float("inf") if to_step is None else to_step
     predict_all = cfg.record_states and cache_mode == "none"  # whole-canvas predictions need whole-canvas logits
+    sits_out = not (predict_all or cfg.cfg_scale)  # a row with no masks left in the block skips its forwards
 
     x = torch.cat([prompt_ids, prompt_ids.new_full((n_rows, length), mask_id) if canvas is None else canvas], dim=1)
     attn = torch.cat([prompt_mask, prompt_mask.new_ones(n_rows, length)], dim=1)
@@ -82,23 +87,36 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
         while masked.any() and (dynamic or j < per_block) and step < to_step:
             first = start - shift  # first position fed after the block's full pass (one earlier for Dream)
             full = None
+            busy = masked.any(-1) | (not sits_out)  # the rows fed this step
+            rows = None if bool(busy.all()) else busy.nonzero()[:, 0]
             if j == j0 or cache_mode == "none":
                 cache = DynamicCache() if cache_mode != "none" else None
-                full = logits_full(cache)
-                lg = full[:, start:end]
+                if rows is None or cache is not None:
+                    full, rows = logits_full(cache), None
+                    lg = full[:, start:end]
+                else:
+                    lg = family.logits(model, x[rows], attn[rows])[:, start:end]
                 if cache_mode == "prefix":
                     truncate(cache, first)
-            elif cache_mode == "prefix":
-                lg = family.logits(model, x[:, first:], attn, cache=cache)[:, shift:shift + block]
-                truncate(cache, first)
-            else:  # dual: hide the block's stale rows, feed the block, move its fresh K/V in place
-                stale = attn.clone()
-                stale[:, first:end] = 0
-                lg = family.logits(model, x[:, first:end], torch.cat([stale, attn[:, first:end]], 1),
-                                   position_ids=positions[:, first:end], cache=cache,
-                                   key_position_ids=torch.cat([positions, positions[:, first:end]], 1),
-                                   )[:, shift:shift + block]
-                move_tail(cache, first, end)
+                cached = torch.ones_like(busy)
+            else:
+                if rows is not None and not torch.equal(cached, busy):
+                    keep_rows(cache, busy[cached].nonzero()[:, 0])  # the cache holds the rows fed last
+                    cached = busy
+                xs, attns, pos = (x, attn, positions) if rows is None else (x[rows], attn[rows], positions[rows])
+                if cache_mode == "prefix":
+                    lg = family.logits(model, xs[:, first:], attns, cache=cache)[:, shift:shift + block]
+                    truncate(cache, first)
+                else:  # dual: hide the block's stale rows, feed the block, move its fresh K/V in place
+                    stale = attns.clone()
+                    stale[:, first:end] = 0
+                    lg = family.logits(model, xs[:, first:end], torch.cat([stale, attns[:, first:end]], 1),
+                                       position_ids=pos[:, first:end], cache=cache,
+                                       key_position_ids=torch.cat([pos, pos[:, first:end]], 1),
+                                       )[:, shift:shift + block]
+                    move_tail(cache, first, end)
+            if rows is not None:  # rows sitting out get flat logits: none of their positions is masked
+                lg = lg.new_zeros((n_rows, *lg.shape[1:])).index_copy_(0, rows, lg)
             out.nfe += 1
 
             n = _count(cfg, schedule, masked, times, j, j0, per_block, dynamic, generator)
