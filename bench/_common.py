@@ -54,6 +54,22 @@ class LivePeak:
             self.mib = (max(e["Total Allocated"] for _, e in events) - start) / 2 ** 20
 
 
+class FedCounter:
+    """What the model was fed (a forward pre-hook reading ``input_ids``): ``positions``, canvas positions per call
+    summed (per row, when every call feeds every row), and ``row_positions``, rows x positions summed (what rows that
+    sit out or leave the batch save)."""
+
+    def __init__(self, model):
+        self.positions = self.row_positions = 0
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.positions += ids.shape[1]
+            self.row_positions += ids.numel()
+
+
 def hidden_override(family: str, hidden: int) -> dict:
     """Config override for a wider tiny model (LLaDA keeps its OLMo field names)."""
     if not hidden:

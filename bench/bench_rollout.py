@@ -27,6 +27,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
+from _common import FedCounter  # noqa: E402
+
 from dare.data.tasks import make_task  # noqa: E402
 from dare.models import load_pretrained  # noqa: E402
 from dare.sampling import SamplingConfig, generate  # noqa: E402
@@ -42,18 +44,6 @@ def sampler_at(revision: str, name: str):
     module.__package__ = "dare.sampling"
     exec(compile(source, f"{name}.py@{revision}", "exec"), module.__dict__)
     return getattr(module, f"generate_{name}")
-
-
-class RowsFed:
-    """Row-positions fed to the model (a forward pre-hook reading ``input_ids``: rows x positions per call)."""
-
-    def __init__(self, model):
-        self.total = 0
-        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self.total += 0 if ids is None else ids.numel()
 
 
 def main(argv=None):
@@ -95,10 +85,10 @@ def main(argv=None):
     results, first, now = [], None, getattr(module, f"generate_{kind}")
     for name, sampler in ((f"before ({args.before})", sampler_at(args.before, kind)), ("now", now)):
         setattr(module, f"generate_{kind}", sampler)  # generate() imports it from the module at every call
-        fed, best = RowsFed(model), float("inf")
+        fed, best = FedCounter(model), float("inf")
         try:
             for _ in range(args.repeats):
-                fed.total = 0
+                fed.row_positions = 0
                 start = time.perf_counter()
                 out = generate(model, family, enc["input_ids"], enc["attention_mask"], cfg,
                                torch.Generator().manual_seed(0))
@@ -108,7 +98,7 @@ def main(argv=None):
             setattr(module, f"generate_{kind}", now)
         first = out.sequences if first is None else first
         same = float((out.sequences == first).all(-1).double().mean())
-        per_row = fed.total / len(out.sequences)
+        per_row = fed.row_positions / len(out.sequences)
         results.append(dict(seconds=best, fed=per_row, nfe=out.nfe, identical=same))
         print(f"| {name} | {best:.2f} | {per_row:.0f} | {out.nfe} | {float(out.lengths.double().mean()):.1f} | "
               f"{same:.0%} |", flush=True)

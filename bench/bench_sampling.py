@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+from _common import FedCounter
 
 from dare.data.tasks import WORDS, make_task
 from dare.engines.base import decode_completions
@@ -81,19 +82,6 @@ def prompt_batch(tok, batch: int, questions=None):
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, padding=True, return_dict=True,
                                   return_tensors="pt")
     return enc["input_ids"], enc["attention_mask"]
-
-
-class FedCounter:
-    """Counts canvas positions per row fed to the model (a forward pre-hook reading ``input_ids``)."""
-
-    def __init__(self, model):
-        self.positions = 0
-        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.positions += ids.shape[1]
 
 
 def top1_prob(model, family, ids, mask, gen_length: int) -> float:
