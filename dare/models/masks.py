@@ -115,12 +115,10 @@ def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor
     whole blocks, in RL scoring) change no kept logit. The count is the same for every row (the batch's minimum)."""
     if rows.numel() == 0:
         return 0
-    batch = 1 if attention_mask is None else attention_mask.shape[0]
     device = rows.device
-    valid = (torch.ones(batch, width, dtype=torch.bool, device=device) if attention_mask is None
+    valid = (torch.ones(1, width, dtype=torch.bool, device=device) if attention_mask is None
              else attention_mask.bool())
-    pos = positions_from_padding(valid) if attention_mask is not None else torch.arange(width, device=device)[None]
-    block = (pos // block_size).expand(batch, width)
+    block = positions_from_padding(valid) // block_size
     first_kept = torch.where(valid[:, rows], block[:, rows], torch.iinfo(block.dtype).max).min(-1).values
     needed = valid & (block >= first_kept[:, None])
     first = torch.where(needed, torch.arange(width, device=device), width).min(-1).values
