@@ -76,22 +76,13 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
     """``log p(y_k | noisy)`` for the completion positions of ``prompt ‖ completion`` (all of them, or the completion
     indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler).
     ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``)."""
-    prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    completion = batch["completion_ids"]
     if family.noise == "uniform":
         if temperature != 1.0 or banned or positions is not None or targets is not None:
             raise ValueError(f"{family.name}: uniform-noise scoring takes whole canvases, untempered")
         logp = canvas_logits(model, family, batch, noisy).log_softmax(-1)
         return Estimate(logp.gather(-1, completion[..., None])[..., 0], entropy_of(logp))
-    attention = batch.get("attention_mask")
-    if attention is None:
-        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
-    clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
-    keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
-    if family.is_block_diffusion:
-        noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
-        if not torch.is_tensor(keep):
-            keep = torch.arange(prompt.shape[1], prompt.shape[1] + keep, device=noisy.device)
-    logits = family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
+    logits = completion_logits(model, family, batch, noisy, positions)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 models: log-softmax in fp32
     if temperature != 1.0:
         logits = logits / temperature
@@ -103,6 +94,29 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
         return Estimate(logp.gather(-1, targets.transpose(1, 2)).transpose(1, 2), entropy)
     targets = completion if positions is None else completion[:, positions]
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
+
+
+def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torch.Tensor | None = None):
+    """``Family.logits`` of the completion positions (all, or the completion indices ``positions``) of the noisy
+    ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``)."""
+    prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    attention = batch.get("attention_mask")
+    if attention is None:
+        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
+    keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
+    if family.is_block_diffusion:
+        noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
+        if not torch.is_tensor(keep):
+            keep = torch.arange(prompt.shape[1], prompt.shape[1] + keep, device=noisy.device)
+    return family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
+
+
+def token_values(value_model, family, batch, noisy: torch.Tensor) -> torch.Tensor:
+    """``[N, R]``: a value model's prediction (its one-output head) at every completion position of the noisy input,
+    read where the policy's log-probs are (``completion_logits``)."""
+    values = completion_logits(value_model, family, batch, noisy)[..., 0]
+    return values if values.dtype == torch.float64 else values.float()
 
 
 def canvas_width(family, completion_width: int) -> int:

@@ -21,6 +21,7 @@ FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma")
 FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {},
         "d-treerpo": {"num_iterations": 1, "branch": 2}, "mdpo": {"train_steps": 3}}
 ONLINE = [a for a in known() if get_algorithm(a).trainer == "rl"]  # the preference trainer: tests/test_vrpo.py
+NO_KL = {"spg", "dmpo"}  # refuse beta > 0 (no KL term)
 
 
 def knobs(algo, **extra):
@@ -36,7 +37,7 @@ def supported(algo, family):
 def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):  # noqa: F811
     cls = get_algorithm(algo)
     extra = {"num_iterations": 2} if cls.uses_ratio else {}
-    if algo != "spg":
+    if algo not in NO_KL:
         extra["beta"] = 0.1
     args = rl_args(data, tmp_path, algo=algo, model=f"tiny:{family}", **knobs(algo, **extra))
     if not supported(algo, family):
@@ -50,6 +51,8 @@ def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):
         assert first["ratio"] == 1.0, "the first inner iteration must be on-policy (same noise for old and new)"
     if "log_ratio" in first:
         assert first["log_ratio"] == 0.0
+    if "log_ref_ratio" in first:
+        assert first["log_ref_ratio"] == 0.0, "the reference must see the same noise as the rollout policy"
     if "kl" in first:
         assert first["kl"] == 0.0, "the reference must see the same noise as the policy"
 
@@ -121,7 +124,7 @@ def test_hooks_depend_only_on_their_arguments(algo, family_name):
     model, tok = tiny(family_name)
     fam = Family.from_pretrained(model.config, tok)
     engine = HFEngine(model, tok, fam)
-    kw = {**FAST.get(algo, {}), **({"beta": 0.1} if algo != "spg" else {})}
+    kw = {**FAST.get(algo, {}), **({"beta": 0.1} if algo not in NO_KL else {})}
     asked = SamplingConfig(gen_length=8, temperature=1.0, block_length=4 if fam.block_size is None else None)
 
     def step(instance, order):
@@ -140,6 +143,7 @@ def test_hooks_depend_only_on_their_arguments(algo, family_name):
         with torch.no_grad():
             logp = instance().score(model, fam, batch, batch["noise"][0], sampling).logp
         batch["old"], batch["ref"] = [logp + 0.01], [logp - 0.02]
+        instance().after_scoring([batch], 2)
         normaliser = instance().normaliser(fam, batch, sampling)
         losses = [instance().step_loss(model, fam, batch, 0, s, normaliser, sampling)[0].detach()
                   for s in range(instance().streams(fam, sampling))]

@@ -357,6 +357,93 @@ def test_wd1_at_small_psi_is_reinforce_on_the_sequence_likelihood():
     assert worst < 1e-5, worst  # the second-order term: psi x A
 
 
+# ------------------------------------------------------------------------------------------------------ dmpo
+
+def test_dmpo_advantages_sum_to_zero_vanish_on_equal_rewards_and_ignore_reward_shifts():
+    from dare.algos.dmpo import dmpo_advantages
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(12, generator=g, dtype=torch.float64)
+    rewards[8:] = 0.7  # the third group: all alike
+    z = torch.randn(12, generator=g, dtype=torch.float64)
+    for baseline in ("negative", "mean"):
+        for coeff in (1.0, 0.3):
+            a = dmpo_advantages(rewards, z, 4, 0.1, coeff, baseline).view(3, 4)
+            assert a.sum(-1).abs().max() < 1e-12, (baseline, coeff)
+            if baseline == "negative":  # w+ = w- up to rounding when the rewards agree, whatever z
+                assert a[:2].abs().min() > 1e-6 and a[2].abs().max() < 1e-15, a
+            shifted = dmpo_advantages(rewards + torch.tensor([3.0, -2.0, 5.0]).repeat_interleave(4), z, 4, 0.1,
+                                      coeff, baseline)
+            assert torch.allclose(shifted, a.view(-1), atol=1e-12), "a constant added to a group's rewards"
+    # the negative baseline by hand for G = 2, z = 0: w+ - w- = tanh((r1 - r2) / alpha / 2) x (1, -1)
+    two = dmpo_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64), 2,
+                          2.0, 1.0, "negative")
+    assert torch.allclose(two, math.tanh(0.25) * torch.tensor([1.0, -1.0], dtype=torch.float64), atol=1e-14)
+
+
+def test_dmpo_mean_baseline_is_zero_at_the_target_and_not_elsewhere():
+    """At p_old = p* ∝ p_ref exp(r / alpha): z = log p_ref - log p_old = -r / alpha + log Z, so w+ is uniform and
+    the mean baseline's a (the loss's weights) is exactly 0; a policy off the target gets weights."""
+    from dare.algos.dmpo import dmpo_advantages
+    g = torch.Generator().manual_seed(1)
+    rewards, alpha = torch.rand(8, generator=g, dtype=torch.float64), 0.2
+    log_z = torch.tensor([1.5, -4.0], dtype=torch.float64).repeat_interleave(4)
+    at_target = dmpo_advantages(rewards, -rewards / alpha + log_z, 4, alpha, 1.0, "mean")
+    assert at_target.abs().max() < 1e-15
+    off = dmpo_advantages(rewards, -rewards / alpha / 2 + log_z, 4, alpha, 1.0, "mean")
+    assert off.abs().min() > 1e-3
+    assert torch.allclose(dmpo_advantages(rewards, -rewards / alpha, 4, alpha, 0.5, "mean"), at_target, atol=1e-15)
+
+
+def test_dmpo_loss_is_the_weighted_denoising_cross_entropy_free_of_ratios():
+    model, fam, batch = setup()
+    algo, config = get_algorithm("dmpo")(samples=3).validate(fam), SamplingConfig()
+    weight = torch.tensor([1.5, -1.5, 0.5, -0.5], dtype=torch.float64)
+    batch.update(weight=weight, rewards=torch.zeros(4), log_ref_ratio=torch.zeros(4))
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
+    params, normaliser = list(model.parameters()), algo.normaliser(fam, batch, config)
+    assert algo.streams(fam, config) == 3
+    losses = [algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(3)]
+    got = torch.autograd.grad(sum(losses), params)
+    masks = batch["noise"][0]["masks"]
+    dce = []
+    for j in range(3):  # by hand: the masked tokens' mean cross-entropy of each draw
+        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(masks[:, j], fam.mask_id)], 1)
+        logp = torch.log_softmax(fam.logits(model, noisy)[:, -10:].double(), -1)
+        logp = logp.gather(-1, batch["completion_ids"][..., None])[..., 0]
+        dce.append(-(logp * masks[:, j]).sum(-1) / masks[:, j].sum(-1))
+    expected = (weight * torch.stack(dce, -1).mean(-1)).sum() / 4
+    assert torch.allclose(sum(losses), expected, atol=1e-10)
+    batch["old"] = [torch.randn(4, 3, dtype=torch.float64)]  # any rollout-policy score: the loss never reads it
+    again = sum(algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(3))
+    assert all(torch.equal(a, b) for a, b in zip(got, torch.autograd.grad(again, params), strict=True))
+
+
+def test_dmpo_tilts_toward_the_reference_across_micro_batches():
+    """``after_scoring`` takes z = L (ELBO_ref - ELBO_old) per row over every draw and slot and normalises over
+    whole groups even when a micro-batch cuts one; the "policy" tilt leaves the batch's z = 0 weights."""
+    from dare.algos.dmpo import dmpo_advantages
+    g = torch.Generator().manual_seed(2)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    lengths = torch.tensor([3, 5, 2, 6, 4, 1])
+    loss_mask = (torch.arange(6)[None] < lengths[:, None]).long()
+    old = [torch.randn(6, 2, generator=g) for _ in range(2)]  # two noise slots, two draws each
+    ref = [torch.randn(6, 2, generator=g) for _ in range(2)]
+    cuts = [slice(0, 2), slice(2, 5), slice(5, 6)]  # group of 3 rows: the first micro-batch ends mid-group
+    parts = [{"rewards": rewards[c], "loss_mask": loss_mask[c], "old": [o[c] for o in old],
+              "ref": [r[c] for r in ref]} for c in cuts]
+    algo = get_algorithm("dmpo")(alpha=0.5)
+    algo.after_scoring(parts, 3)
+    z = (torch.cat(ref, -1).mean(-1) - torch.cat(old, -1).mean(-1)) * lengths
+    a = dmpo_advantages(rewards, z, 3, 0.5, 1.0, "negative")
+    assert torch.allclose(torch.cat([p["log_ref_ratio"] for p in parts]), z)
+    assert torch.allclose(torch.cat([p["weight"] for p in parts]), 3 * a)
+    policy = get_algorithm("dmpo")(tilt="policy")
+    assert not policy.needs_old and not policy.needs_reference
+    untouched = [{"weight": torch.ones(2)}]
+    policy.after_scoring(untouched, 2)
+    assert torch.equal(untouched[0]["weight"], torch.ones(2))
+
+
 # ------------------------------------------------------------------------------------------------------ gdpo
 
 def test_gauss_legendre_nodes_integrate_polynomials_exactly():

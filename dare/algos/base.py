@@ -74,6 +74,20 @@ class Declared:
 
 
 @dataclass
+class ValueSettings:
+    """A value model beside the policy (``dare/trainers/value.py``): its own network, AdamW, checkpoint and export.
+    An algorithm that can use one has a ``value: ValueSettings`` field and the ``value_targets`` / ``value_loss``
+    hooks; setting ``model`` switches it on."""
+
+    # "": none | policy: a copy of the policy's start whose LM head is replaced by a zeroed one-output head (TraceRL)
+    # | a hub name or folder of the same family and tokenizer (its head replaced likewise)
+    model: str = ""
+    learning_rate: float = 5e-6  # its AdamW's (TraceRL: 5e-6, constant, no weight decay)
+    clip: float = 0.2  # PPO value clip around the rollout-time prediction (0: off)
+    max_grad_norm: float = 1.0  # clip its global gradient norm (0: off)
+
+
+@dataclass
 class Algorithm(Declared):
     """GRPO-family defaults (DARE's generic recipe values)."""
 
@@ -167,6 +181,38 @@ class Algorithm(Declared):
     def cycle(self) -> int:
         """Optimiser steps per rollout batch."""
         return self.num_iterations * self.mini_batches
+
+    @property
+    def needs_old(self) -> bool:
+        """Score the rollout policy's log-likelihoods (``batch["old"]``) before training: a ratio with inner steps."""
+        return self.cycle > 1 and self.uses_ratio
+
+    @property
+    def needs_reference(self) -> bool:
+        """Keep the frozen reference and score it (``batch["ref"]``) before training: a KL term."""
+        return bool(self.beta)
+
+    @property
+    def needs_value(self) -> bool:
+        """A value model is kept beside the policy (an algorithm with a ``value`` field whose ``model`` is set)."""
+        value = getattr(self, "value", None)
+        return isinstance(value, ValueSettings) and bool(value.model)
+
+    def value_targets(self, model, family, parts: list[dict], group_size: int, sampling: SamplingConfig) -> None:
+        """With the value model ``model`` (called without gradients), set each part's advantages and what
+        ``value_loss`` reads (its rows in order, as ``after_scoring``'s)."""
+        raise NotImplementedError(f"{self.name} has no value model")
+
+    def value_loss(self, model, family, batch: dict, stream: int, normaliser: torch.Tensor,
+                   sampling: SamplingConfig):
+        """The value model's loss on one micro-batch and stream (``streams`` of them), averaged by ``normaliser``
+        (the rollout batch's loss tokens, all ranks), and its ``{metric: (sum, count)}``."""
+        raise NotImplementedError(f"{self.name} has no value model")
+
+    def after_scoring(self, parts: list[dict], group_size: int) -> None:
+        """Called once per rollout batch after the old and reference scoring, with its micro-batch pieces (in row
+        order; ``torch.cat`` of a key gives the whole batch): an algorithm whose training weights come from those
+        scores (DMPO) sets them here. Default: nothing."""
 
     def normaliser(self, family, batch: dict, sampling: SamplingConfig) -> torch.Tensor:
         """What the loss is averaged over: a count (scalar, or a vector of several counts) that adds up over rows;

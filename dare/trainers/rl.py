@@ -34,6 +34,7 @@ from .distributed import ShardedTraining
 from .logs import TrainerLogs
 from .reference import frozen_copy, reference
 from .validation import eval_policy, generation_metrics
+from .value import ValueModelTraining
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
 
@@ -72,7 +73,7 @@ class RepeatSampler(Sampler):
         return self.size // self.prompts_per_step * self.prompts_per_step * self.repeat
 
 
-class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
+class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, ShardedTraining, Trainer):
     """``per_device_train_batch_size`` = prompts per rank per step; ``gradient_accumulation_steps`` = micro-batches
     the ``prompts x num_generations`` completions are split into, times the algorithm's streams. ``completions.jsonl``
     numbers each rollout by the optimiser step it is made for (the first, with inner iterations): the step whose log
@@ -99,7 +100,9 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         self.reward_workers, self.log_completions = reward_workers, log_completions
         self.dynamic_sampling = dynamic_sampling  # extra prompts per rollout (a fraction), for groups with a signal
         self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
-        self.ref_model = frozen_copy(self) if algorithm.beta and not hasattr(model, "disable_adapter") else None
+        lora = hasattr(model, "disable_adapter")
+        self.ref_model = frozen_copy(self) if algorithm.needs_reference and not lora else None
+        self.make_value_model(algorithm, family)  # when the algorithm declares one (dare/trainers/value.py)
         self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
 
     # -- data ---------------------------------------------------------------------------------------------------
@@ -170,10 +173,14 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
                 part.setdefault("noise", []).append(piece)
             if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
                 break
-        if (algo.cycle > 1 and algo.uses_ratio) or algo.beta:
+        if algo.needs_old or algo.needs_reference:
             self._score_old_and_reference(parts)
-        self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled,
-                             time.perf_counter() - scored)
+        algo.after_scoring(parts, G)
+        scored_old = time.perf_counter()
+        if self.value_model is not None:
+            self.fit_value(parts)
+            self._add("time/value", time.perf_counter() - scored_old)
+        self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled, scored_old - scored)
         return parts
 
     def _scorer(self, expanded: list[dict], group_size: int):
@@ -206,9 +213,9 @@ class DiffusionRLTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trai
         with eval_policy(self) as policy, self.compute_loss_context_manager():
             for part in parts:
                 for noise in part["noise"]:
-                    if algo.cycle > 1 and algo.uses_ratio:
+                    if algo.needs_old:
                         part.setdefault("old", []).append(algo.score(policy, family, part, noise, self.sampling).logp)
-                    if algo.beta:
+                    if algo.needs_reference:
                         with reference(self.ref_model, policy) as ref:
                             part.setdefault("ref", []).append(algo.score(ref, family, part, noise, self.sampling).logp)
 
