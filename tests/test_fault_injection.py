@@ -1,10 +1,11 @@
-"""kill -9 at seeded random moments of SFT, RL, VRPO and evaluation runs; rerun each with --resume (evaluation:
-the same command) and compare with an uninterrupted run: the weights bit for bit, every logged step's metrics, the
-RL completions log and the evaluation samples (each record once). Any moment is a valid kill point (before the first
-checkpoint, inside a checkpoint write, after the end): the property holds for all of them.
+"""kill -9 at seeded random moments of SFT, RL (TraceRL with its value model too), VRPO and evaluation runs; rerun
+each with --resume (evaluation: the same command) and compare with an uninterrupted run: the weights bit for bit (the
+value model's included), every logged step's metrics, the RL completions log and the evaluation samples (each record
+once). Any moment is a valid kill point (before the first checkpoint, inside a checkpoint write, after the end): the
+property holds for all of them.
 
 One seeded kill point per run here (CI's time budget); ``DARE_FAULT_POINTS=3 python -m pytest -q
-tests/test_fault_injection.py`` kills each run at three (about 10 minutes on 2 cores)."""
+tests/test_fault_injection.py`` kills each run at three (about 12 minutes on 2 cores)."""
 
 import json
 import os
@@ -28,6 +29,10 @@ RUNS = {
     "rl": (["train_rl.py", "--algo", "d1", *TRAIN, "--data.path", "tests/data/addition.jsonl", "--max-steps", "4",
             "--save-steps", "1", "--prompts-per-step", "2", "--num-generations", "4", "--micro-batch-size", "4",
             "--rollout.gen-length", "8", "--logging-steps", "1"], ["--resume"]),
+    "rl-value": (["train_rl.py", "--algo", "tracerl", "--model", "tiny:sdar", "--seed", "0", "--data.path",
+                  "tests/data/addition.jsonl", "--algo-config.value.model", "policy", "--max-steps", "4",
+                  "--save-steps", "1", "--prompts-per-step", "2", "--num-generations", "4", "--micro-batch-size", "4",
+                  "--rollout.gen-length", "8", "--logging-steps", "1"], ["--resume"]),
     "vrpo": (["train_rl.py", "--algo", "vrpo", *TRAIN, "--preference.path", "task:addition", "--max-steps", "4",
               "--save-steps", "2", "--prompts-per-step", "8", "--micro-batch-size", "4", "--logging-steps", "1"],
              ["--resume"]),
@@ -52,7 +57,10 @@ def run(argv: list[str], out: Path, kill_after: float | None = None) -> None:
 
 
 def weights(out: Path) -> dict:
-    return load_file(str(out / "model.safetensors"))
+    """The final model's weights, and its value model's (``value/``) where the run has one."""
+    value = out / "value" / "model.safetensors"
+    return {**load_file(str(out / "model.safetensors")),
+            **({f"value.{k}": v for k, v in load_file(str(value)).items()} if value.exists() else {})}
 
 
 def steps(out: Path) -> list[dict]:

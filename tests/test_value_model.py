@@ -112,6 +112,15 @@ def test_a_zero_initialised_value_model_leaves_the_first_step_as_tracerl_without
     moved = load_file(str(tmp_path / "valued" / "value" / "model.safetensors"))
     assert any(v.abs().max() > 0 for k, v in moved.items() if "lm_head" in k), "one value step moved its head"
     assert not (tmp_path / "plain" / "value").exists()
+    # the exported value model starts another run as it is (a policy of another size is refused)
+    policy = tiny("sdar")[0]
+    again = value_network(policy, str(tmp_path / "valued" / "value"), "sdar").state_dict()
+    assert all(torch.equal(again[k], moved[k]) for k in moved)
+    with pytest.raises(ValueError, match="another architecture"):
+        value_network(tiny("sdar", hidden_size=96)[0], str(tmp_path / "valued" / "value"), "sdar")
+    with pytest.raises(FileNotFoundError, match="value.model ./nowhere does not exist"):
+        rl_args(data, tmp_path / "x", algo="tracerl", algo_config__value__model="./nowhere").algo_config.validate(
+            Family.from_pretrained(policy.config, tiny("sdar")[1]))
 
 
 def test_resume_with_a_value_model_is_exact(data, tmp_path):  # noqa: F811

@@ -32,6 +32,7 @@ takes one step per rollout batch on the values read before it (the code: one epo
 The policy's advantages use the value model of before that step, as the code's do.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +92,12 @@ class TraceRL(StepGroups):
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1) or self.value.clip < 0 or self.value.learning_rate <= 0:
             raise ValueError(f"tracerl needs gamma and lam in [0, 1], value.clip >= 0 and value.learning_rate > 0; "
                              f"got {self.gamma}, {self.lam}, {self.value.clip}, {self.value.learning_rate}")
+        if self.value.model not in ("", "policy"):
+            from ..models.loading import looks_local  # here: --help imports this module
+
+            if looks_local(self.value.model) and not os.path.isdir(os.path.expanduser(self.value.model)):
+                raise FileNotFoundError(f"value.model {self.value.model} does not exist (policy: a copy of the "
+                                        "policy's start; or a folder or hub name of the same family)")
         return super().validate(family)
 
     def streams(self, family, sampling) -> int:

@@ -6,11 +6,13 @@ TraceRL code's ``value_head``), so ``Family.logits`` reads it in every layout th
 batch: the algorithm reads its values without gradients and sets the policy's advantages from them
 (``value_targets``), then the value model takes one optimiser step on its loss (``value_loss``) over the batch's
 micro-batches. It is saved in ``value/`` of every checkpoint (weights and optimiser state) and of the output folder,
-and a resumed run continues it exactly. It runs whole on every process (gradients averaged across processes by
-hand): one process or DDP, not FSDP or DeepSpeed.
+and a resumed run continues it exactly; ``--algo-config.value.model <output_dir>/value`` starts another run from it.
+It runs whole on every process (gradients averaged across processes by hand): one process or DDP, not FSDP or
+DeepSpeed.
 """
 
 import copy
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,12 +22,15 @@ import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
 FOLDER = "value"  # inside a checkpoint and the output folder
+MARK = "dare_value_model.json"  # written beside a saved value model's weights
 
 
 def value_network(policy, source: str, family_name: str):
-    """The value model: ``source`` "policy" copies the policy's start (a LoRA policy's base), else loads a model of
-    the same family; either way its LM head becomes a zeroed ``Linear(hidden, 1)``."""
-    if source == "policy":
+    """The value model: ``source`` "policy" copies the policy's start (a LoRA policy's base); a saved value model
+    (``<output_dir>/value`` of an earlier run on a policy of this architecture) is loaded as it is; anything else is a
+    model of the same family whose LM head becomes a zeroed ``Linear(hidden, 1)``, as the copy's does."""
+    saved = Path(source, MARK).exists()
+    if source == "policy" or saved:
         network = copy.deepcopy(policy)
         if hasattr(network, "merge_and_unload"):  # LoRA: the base with the adapter (still zero) merged in
             network = network.merge_and_unload()
@@ -42,6 +47,12 @@ def value_network(policy, source: str, family_name: str):
     torch.nn.init.zeros_(head.weight)
     network.config.tie_word_embeddings = False
     network.set_output_embeddings(head)
+    if saved:
+        try:
+            load_model(network, str(Path(source, "model.safetensors")))
+        except RuntimeError as e:
+            raise ValueError(f"value.model {source} was saved for another architecture than this policy's: "
+                             f"{str(e).splitlines()[0]}") from None
     return network.requires_grad_(True).train()
 
 
@@ -92,6 +103,8 @@ class ValueModel:
         else:
             save_model(self.network, str(Path(folder, "model.safetensors")))
             self.network.config.to_json_file(str(Path(folder, "config.json")))
+            Path(folder, MARK).write_text(json.dumps({"head": "the LM head replaced by Linear(hidden, 1, bias=False)",
+                                                      "load": "train_rl.py --algo-config.value.model <this folder>"}))
 
     def load(self, folder: str, optimizer: bool) -> None:
         if optimizer:

@@ -12,8 +12,9 @@ memory during training (resident set on CPU, allocator peak on CUDA).
 ``NAME:control`` is NAME trained on the negated reward (every advantage flips sign): its reward must fall.
 ``NAME:paper`` uses the paper's hyper-parameters where they differ from the reference implementation's: the
 ``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo, wd1,
-gdpo, agrpo, d2, tracerl, igpo). ``NAME:lab`` uses the algorithm's own learning rate from ``LAB_PROFILES`` where
-the shared one does not make it learn. The generation length comes from the task's reference answers (a shorter
+gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own learning rate from ``LAB_PROFILES`` where
+the shared one does not make it learn. ``NAME:value`` runs it with its value model (tracerl). Variants combine:
+``tracerl:value:control``. The generation length comes from the task's reference answers (a shorter
 ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning signal) stops the lab before
 any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
@@ -54,29 +55,58 @@ LAB_PROFILES = {
 }
 
 
+VARIANTS = ("control", "paper", "lab", "value")
+
+
+def split_spec(spec: str) -> tuple[str, list[str]]:
+    """``NAME[:variant]...`` as the name and its variants (e.g. ``tracerl:value:control``)."""
+    name, *variants = spec.split(":")
+    return name, variants
+
+
 def profile(spec: str) -> dict:
-    """``NAME:paper``: the ``algo_config`` and ``rollout`` sections of ``recipes/llada/<name>_math_paper.yaml`` (the
-    paper's values where DARE's recipe follows the reference implementation); ``NAME:lab``: the algorithm's entry in
-    ``LAB_PROFILES`` (its own learning rate, found by a sweep); else nothing."""
-    name, _, variant = spec.partition(":")
-    if variant == "lab":
-        if name not in LAB_PROFILES:
-            raise SystemExit(f"no lab profile for {name}: LAB_PROFILES has {sorted(LAB_PROFILES)}")
-        return LAB_PROFILES[name]
-    path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
-    if variant != "paper":
-        return {}
-    if not path.exists():
-        raise SystemExit(f"no paper profile for {name}: {path} does not exist")
-    values = yaml.safe_load(path.read_text())
-    return {k: values.get(k) or {} for k in ("algo_config", "rollout")}
+    """The settings a spec's variants change: ``paper``: the ``algo_config`` and ``rollout`` sections of
+    ``recipes/llada/<name>_math_paper.yaml`` (the paper's values where DARE's recipe follows the reference
+    implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own learning rate, found by a sweep);
+    ``value``: its value model on (``value.model: policy``)."""
+    name, variants = split_spec(spec)
+    out = {}
+    for variant in variants:
+        if variant == "lab":
+            if name not in LAB_PROFILES:
+                raise SystemExit(f"no lab profile for {name}: LAB_PROFILES has {sorted(LAB_PROFILES)}")
+            found = LAB_PROFILES[name]
+        elif variant == "paper":
+            path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
+            if not path.exists():
+                raise SystemExit(f"no paper profile for {name}: {path} does not exist")
+            values = yaml.safe_load(path.read_text())
+            found = {k: values.get(k) or {} for k in ("algo_config", "rollout")}
+        elif variant == "value":
+            if "value" not in get_algorithm(name).__dataclass_fields__:
+                raise SystemExit(f"{name} has no value model (no value field)")
+            found = {"algo_config": {"value": {"model": "policy"}}}
+        else:
+            continue
+        for section, values in found.items():
+            out[section] = {**out.get(section, {}), **values} if isinstance(values, dict) else values
+    return out
+
+
+def set_nested(target, values: dict) -> None:
+    """``values`` (nested dicts for nested sections) set on the dataclass ``target``."""
+    for knob, value in values.items():
+        if isinstance(value, dict):
+            set_nested(getattr(target, knob), value)
+        else:
+            setattr(target, knob, value)
 
 
 @dataclass
 class Lab:
     """RL from one SFT start, many algorithms, held-out before/after (see the module docstring)."""
 
-    # NAME, NAME:paper, NAME:control; all = every algorithm and d1:control
+    # NAME, NAME:paper, NAME:lab, NAME:value, NAME:control, combined as NAME:v1:v2; all = every algorithm and d1:control
     algos: list[str] = field(default_factory=lambda: ["d1", "d1:control"])
     families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # RL seeds per algorithm (one shared SFT start)
@@ -163,7 +193,8 @@ def sft_start(family: str, lab: Lab, out: Path) -> str:
 
 def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
     """train_rl.py's arguments for ``NAME[:paper|:control]`` from ``start``."""
-    name, _, variant = spec.partition(":")
+    name, variants = split_spec(spec)
+    control = "control" in variants
     a = train_rl.args_class(name)(model=start, output_dir=out, seed=seed, prompts_per_step=lab.prompts_per_step,
                                   num_generations=lab.num_generations, micro_batch_size=128,
                                   learning_rate=lab.learning_rate, warmup_steps=0.0, lr_scheduler_type="constant",
@@ -176,19 +207,18 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
         if section == "learning_rate":
             a.learning_rate = values
             continue
-        for knob, value in values.items():
-            setattr(getattr(a, section), knob, value)
+        set_nested(getattr(a, section), values)
     cycle = getattr(a.algo_config, "cycle", 1)  # optimiser steps per rollout batch
-    a.max_steps = a.save_steps = (lab.control_rollouts if variant == "control" else lab.rollouts) * cycle
+    a.max_steps = a.save_steps = (lab.control_rollouts if control else lab.rollouts) * cycle
     a.data.path = write_task(lab.task, str(Path(out).parent / "data" / "train.jsonl"), 4000, 0, "train")
     a.rollout.gen_length, a.rollout.temperature = lab.gen_length, 1.0
-    if variant == "control":
+    if control:
         a.rewards = ["auto:-1"]
     # VRPO's pairs: (reference answer, the start's own wrong answer); its control swaps them
     if a.algo_config.trainer == "preference":
         pairs = lab.rollouts * lab.prompts_per_step
         a.preference.path = mistakes(start, lab, Path(out).parent / "data", pairs)
-        a.preference.limit, a.micro_batch_size, a.preference.swap = pairs, 32, variant == "control"
+        a.preference.limit, a.micro_batch_size, a.preference.swap = pairs, 32, control
         a.learning_rate = lab.offline_learning_rate
     return a
 
@@ -266,17 +296,16 @@ def run_one(spec: str, family: str, seed: int, start: str, before: dict, lab: La
 
 
 def supported(spec: str, family: str) -> bool:
-    return get_algorithm(spec.partition(":")[0]).supports(family)
+    return get_algorithm(split_spec(spec)[0]).supports(family)
 
 
 def expand(algos: list[str]) -> list[str]:
     algos = list(dict.fromkeys(s for a in algos for s in (known() + ["d1:control"] if a == "all" else [a])))
-    unknown = [a for a in algos if a.partition(":")[0] not in known() or a.partition(":")[2] not in
-               ("", "control", "paper", "lab")]
+    unknown = [a for a in algos if split_spec(a)[0] not in known() or not set(split_spec(a)[1]) <= set(VARIANTS)]
     if unknown:
-        raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants: NAME:paper "
-                         "(where recipes/llada/NAME_math_paper.yaml exists), NAME:lab (LAB_PROFILES in this script) "
-                         "and NAME:control")
+        raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants (combined as "
+                         "NAME:v1:v2): NAME:paper (where recipes/llada/NAME_math_paper.yaml exists), NAME:lab "
+                         "(LAB_PROFILES in this script), NAME:value (its value model) and NAME:control")
     for spec in algos:
         profile(spec)  # a missing paper profile fails before anything runs
     return algos
