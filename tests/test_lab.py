@@ -65,6 +65,19 @@ def test_unknown_algorithm_or_profile_fails_before_anything_runs():
         compare.expand(["spg:paper"])
     with pytest.raises(SystemExit, match="variants"):
         compare.expand(["d1:best"])
+    with pytest.raises(SystemExit, match="d1 has no value model"):
+        compare.expand(["d1:value"])
+
+
+def test_variants_combine(tmp_path):
+    """``tracerl:value:control``: the value model on (its AdamW at the lab's rate) and the reward negated."""
+    assert compare.expand(["tracerl:value:control"]) == ["tracerl:value:control"]
+    lab = compare.Lab(families=["sdar"])
+    a = compare.rl_args("tracerl:value:control", "tiny:sdar", str(tmp_path / "t"), 0, lab)
+    assert a.algo_config.value.model == "policy" and a.algo_config.value.learning_rate == lab.learning_rate
+    assert a.rewards == ["auto:-1"] and a.max_steps == lab.control_rollouts
+    plain = compare.rl_args("tracerl", "tiny:sdar", str(tmp_path / "p"), 0, lab)
+    assert plain.algo_config.value.model == "" and plain.rewards != ["auto:-1"]
 
 
 def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_path, capsys):

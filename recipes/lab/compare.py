@@ -12,11 +12,11 @@ memory during training (resident set on CPU, allocator peak on CUDA).
 ``NAME:control`` is NAME trained on the negated reward (every advantage flips sign): its reward must fall.
 ``NAME:paper`` uses the paper's hyper-parameters where they differ from the reference implementation's: the
 ``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo, wd1,
-gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own learning rate from ``LAB_PROFILES`` where
-the shared one does not make it learn. ``NAME:value`` runs it with its value model (tracerl). Variants combine:
-``tracerl:value:control``. The generation length comes from the task's reference answers (a shorter
-``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning signal) stops the lab before
-any RL runs.
+gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own settings from ``LAB_PROFILES`` (a
+learning rate; dmpo's mean baseline) where the shared ones do not make it learn. ``NAME:value`` runs it with its
+value model (tracerl). Variants combine: ``tracerl:value:control``. The generation length comes from the task's
+reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
+signal) stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
 in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new.
 """
@@ -52,6 +52,10 @@ LAB_PROFILES = {
     "spg": {"learning_rate": 3e-4},  # seed 1 at 1e-3 -0.013; at 3e-4 +0.088 (11 SE); collapses at 3e-3
     "ebpo": {"learning_rate": 1e-4},  # SDAR seed 0 at 1e-3 collapses after ~70 rollouts; at 1e-4 +0.140 (18 SE)
     "gdpo": {"learning_rate": 1e-4},  # seed 1: 3e-4 +0.3 SE, 1e-4 +7.0 SE (seed 0 at 1e-3: -4.1 SE)
+    # seed 7, training reward over 60 rollouts: the negative-sample baseline collapses at 1e-4 to 1e-3 (alpha 0.1 and
+    # 1, either tilt: 0.18 -> 0.05-0.11; held-out at 1e-4 -3.1 SE); the mean baseline holds and rises at 1e-3 (0.197
+    # -> 0.223), dips at 3e-3 and collapses at 1e-2
+    "dmpo": {"algo_config": {"baseline": "mean"}},
 }
 
 
@@ -67,8 +71,8 @@ def split_spec(spec: str) -> tuple[str, list[str]]:
 def profile(spec: str) -> dict:
     """The settings a spec's variants change: ``paper``: the ``algo_config`` and ``rollout`` sections of
     ``recipes/llada/<name>_math_paper.yaml`` (the paper's values where DARE's recipe follows the reference
-    implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own learning rate, found by a sweep);
-    ``value``: its value model on (``value.model: policy``)."""
+    implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own settings, found by a sweep);
+    ``value``: its value model on (``value.model: policy``, its AdamW at the lab's learning rate)."""
     name, variants = split_spec(spec)
     out = {}
     for variant in variants:
@@ -85,7 +89,8 @@ def profile(spec: str) -> dict:
         elif variant == "value":
             if "value" not in get_algorithm(name).__dataclass_fields__:
                 raise SystemExit(f"{name} has no value model (no value field)")
-            found = {"algo_config": {"value": {"model": "policy"}}}
+            # its own AdamW at the lab's policy rate (TraceRL's code: 5e-6, five times its policy's 1e-6)
+            found = {"algo_config": {"value": {"model": "policy", "learning_rate": Lab.learning_rate}}}
         else:
             continue
         for section, values in found.items():
