@@ -270,3 +270,20 @@ def test_sequence_parallel_vrpo_step_equals_one_process(tmp_path):
           f"vs {logs['alone']['grad_norm']:.6f}; max |weight| gap {gap:.1e}")
     assert logs["alone"]["grad_norm"] > 1e-3 and gap < TOLERANCE
     assert logs["sp"]["grad_norm"] == pytest.approx(logs["alone"]["grad_norm"], rel=1e-5)
+
+
+def test_rl_with_a_value_model_under_ddp(tmp_path):
+    """TraceRL's value model on 2 DDP processes: it trains (gradients averaged by hand across the processes), is
+    saved beside the policy, and the logged value loss is the processes' mean."""
+    from dare.data.tasks import write_task
+    train = write_task("addition", str(tmp_path / "train.jsonl"), 64, 0, "train")
+    out = tmp_path / "ddp"
+    launch("ddp", ["train_rl.py", "--algo", "tracerl", "--model", "tiny:sdar", "--data.path", train, "--max-steps",
+                   "2", "--save-steps", "2", "--prompts-per-step", "4", "--num-generations", "2",
+                   "--micro-batch-size", "2", "--rollout.gen-length", "8", "--rewards", "dare_test_rewards.length",
+                   "--algo-config.value.model", "policy", "--algo-config.value.learning-rate", "1e-2",
+                   "--output-dir", str(out)])
+    history = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    assert all(h["value/loss"] > 0 for h in history if "loss" in h)
+    head = load_file(str(out / "value" / "model.safetensors"))["lm_head.weight"]
+    assert head.shape[0] == 1 and head.abs().max() > 0
