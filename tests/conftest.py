@@ -70,6 +70,17 @@ def margin():
     return MARGINS.append
 
 
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its margins go to the controller
+        session.config.workeroutput["margins"] = list(MARGINS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: collect each worker's margins for the summary."""
+    MARGINS.extend(getattr(node, "workeroutput", {}).get("margins", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     if MARGINS:
         terminalreporter.section("learning-test margins")
