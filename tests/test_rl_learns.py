@@ -5,7 +5,8 @@ and the same algorithm trained on the negated reward (every advantage flipped) l
 The settings are recipes/lab/compare.py's. CI runs CI_CASES (with d1 on LLaDA in tests/test_quickstart.py): an
 online masked-diffusion algorithm with its own estimator (coupled-grpo) and block diffusion (d1 on SDAR); offline
 preference optimisation is checked in CI on what it optimises, the held-out preference margin (tests/test_vrpo.py).
-Every algorithm runs with DARE_LAB=1 on LLaDA, d1, ebpo, mdpo and d-treerpo also on SDAR, and the three algorithms of
+Every algorithm runs with DARE_LAB=1 on LLaDA (tracerl also with its value model, dmpo also at its lab profile),
+d1, ebpo, mdpo, d-treerpo, tracerl (with and without its value model) and dipo also on SDAR, and the three algorithms of
 uniform noise (d1, wd1, gdpo) on DiffusionGemma (one to fifteen minutes each on one core); the ones that do not learn
 at the shared settings fail there, as the README's lab table says."""
 
@@ -36,7 +37,8 @@ def starts(tmp_path_factory):
 
 
 CASES = [(algo, "llada") for algo in lab_module.known()]
-CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo")]
+CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo", "tracerl", "tracerl:value", "dipo")]
+CASES += [("tracerl:value", "llada"), ("dmpo:lab", "llada")]  # a value model; dmpo's lab profile (the mean baseline)
 CASES += [(algo, "diffusion_gemma") for algo in ("d1", "wd1", "gdpo")]  # uniform noise (its SFT start: 3000 steps)
 
 
