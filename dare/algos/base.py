@@ -73,6 +73,19 @@ class Declared:
                              "own samplers provide; use --rollout-engine hf")
 
 
+def joined(parts: list[dict], *keys: str) -> dict:
+    """The whole rollout batch's ``keys`` from its micro-batch pieces (``after_scoring``'s ``parts``, in row order)."""
+    return {key: torch.cat([part[key] for part in parts]) for key in keys}
+
+
+def split_into(parts: list[dict], **values: torch.Tensor) -> None:
+    """Each whole-batch tensor of ``values`` cut back into ``parts`` along the rows (``joined``'s inverse)."""
+    rows = [len(part["loss_mask"]) for part in parts]
+    for name, value in values.items():
+        for part, piece in zip(parts, value.split(rows), strict=True):
+            part[name] = piece
+
+
 @dataclass
 class ValueSettings:
     """A value model beside the policy (``dare/trainers/value.py``): its own network, AdamW, checkpoint and export.

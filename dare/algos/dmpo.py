@@ -35,7 +35,7 @@ import torch
 
 from ..likelihood import MCElbo
 from . import register
-from .base import Algorithm
+from .base import Algorithm, joined, split_into
 
 BASELINES = ("negative", "mean")
 TILTS = ("reference", "policy")
@@ -107,16 +107,12 @@ class DMPO(Algorithm):
     def after_scoring(self, parts, group_size):
         if self.tilt != "reference":
             return
-        whole = {key: torch.cat([part[key] for part in parts]) for key in ("rewards", "loss_mask")}
+        whole = joined(parts, "rewards", "loss_mask")
         # per-token ELBOs [N, draws] of every noise slot, times the maskable length: sequence ELBOs
         old, ref = (torch.cat([torch.cat(part[key], -1) for part in parts]).mean(-1) for key in ("old", "ref"))
         log_ratio = (ref - old) * whole["loss_mask"].sum(-1)
         advantages = dmpo_advantages(whole["rewards"], log_ratio, group_size, self.alpha, self.coeff, self.baseline)
-        rows = [len(part["rewards"]) for part in parts]
-        for name, value in (("advantages", advantages), ("weight", advantages * group_size),
-                            ("log_ref_ratio", log_ratio)):
-            for part, piece in zip(parts, value.split(rows), strict=True):
-                part[name] = piece
+        split_into(parts, advantages=advantages, weight=advantages * group_size, log_ref_ratio=log_ratio)
 
     def normaliser(self, family, batch, sampling):
         return torch.tensor(len(batch["rewards"]))

@@ -40,7 +40,7 @@ import torch
 from ..likelihood import canvas_before, token_values, trajectory_blocks
 from ..sampling import step_budget
 from . import register
-from .base import StepGroups, ValueSettings
+from .base import StepGroups, ValueSettings, joined, split_into
 
 
 def step_gae(order: torch.Tensor, live: torch.Tensor, values: torch.Tensor, reward: torch.Tensor, gamma: float,
@@ -117,15 +117,11 @@ class TraceRL(StepGroups):
                     values = torch.where(at, token_values(model, family, part, canvas_before(family, part, stream)),
                                          values)
             part["old_values"] = values
-        whole = {key: torch.cat([part[key] for part in parts])
-                 for key in ("steps", "loss_mask", "old_values", "advantages", "prompt_mask")}
+        whole = joined(parts, "steps", "loss_mask", "old_values", "advantages", "prompt_mask")
         order = trajectory_blocks(family, whole) * streams + whole["steps"]
         live = whole["loss_mask"].bool() & (whole["steps"] >= 0)
         advantages, returns = step_gae(order, live, whole["old_values"], whole["advantages"], self.gamma, self.lam)
-        rows = [len(part["steps"]) for part in parts]
-        for name, value in (("advantages", advantages), ("returns", returns)):
-            for part, piece in zip(parts, value.split(rows), strict=True):
-                part[name] = piece
+        split_into(parts, advantages=advantages, returns=returns)
 
     def value_loss(self, model, family, batch, stream, normaliser, sampling):
         target = ((batch["steps"] == stream) & batch["loss_mask"].bool()).float()
