@@ -51,7 +51,7 @@ class Args:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
     seed: int = 0
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
@@ -142,9 +142,10 @@ def check_modes(args: Args) -> None:
 
 def main(args: Args):
     from dare.eval import report
-    from dare.models.loading import load_config, load_weights, max_positions
+    from dare.models.loading import check_attention, load_config, load_weights, max_positions
 
     check_modes(args)
+    check_attention(args.attn_implementation, training=False)
     if args.compare:
         print(report.compare(args.compare, args.plot))
         return

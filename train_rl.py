@@ -77,7 +77,7 @@ class Args:
     # score packed rows of this many tokens (at least the batch's width; 1: that width; 0: off): the rows' attended
     # tokens first-fit, no padding, same losses (dare/packing.py)
     pack: int = 0
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
     logging_steps: int = 1  # log metrics every N optimiser steps
     save_steps: int = 20  # a multiple of the algorithm's num_iterations x mini_batches
     save_total_limit: int = 3
@@ -244,12 +244,13 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     from transformers import set_seed
 
     from dare.lora import apply_lora
-    from dare.models.loading import load_config, load_weights
+    from dare.models.loading import check_attention, load_config, load_weights
     from dare.trainers import fit, resume_from
 
     set_seed(args.seed)
     args.lora.validate()
     check_counts(args)
+    check_attention(args.attn_implementation, training=True)
     checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)

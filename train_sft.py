@@ -45,7 +45,7 @@ class Args:
     # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size =
     # processes / this
     sequence_parallel: int = 1
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
     logging_steps: int = 10  # log metrics every N optimiser steps
     save_steps: int = 500  # write a checkpoint every N optimiser steps
     eval_steps: int = 0  # with data.eval_path: held-out loss (fixed masks) every N optimiser steps (0: never)
@@ -75,12 +75,13 @@ def main(args: Args):
     from dare.data import SFTCollator, load_rows
     from dare.data.sft import tokenize_dataset
     from dare.lora import apply_lora
-    from dare.models.loading import load_config, load_weights, max_positions
+    from dare.models.loading import check_attention, load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, fit, resume_from
     from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
 
     set_seed(args.seed)
     args.lora.validate()
+    check_attention(args.attn_implementation, training=True)
     checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     sp = args.sequence_parallel

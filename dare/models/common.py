@@ -25,7 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from .masks import additive, positions_from_padding, visible
+from .masks import BlockMask, for_attention, positions_from_padding, visible
 
 # transformers 5.24 renamed the output field past_key_values -> cache (older versions, e.g. 5.19 pinned by SGLang
 # 0.5.23, only know past_key_values)
@@ -212,7 +212,7 @@ class DiffusionPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flash_attn = True
-    _supports_flex_attn = False
+    _supports_flex_attn = True  # masks.for_attention builds BlockMasks of every layout
     _supports_attention_backend = True
 
     @classmethod
@@ -235,7 +235,8 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
     are fine where the official names differ) and set ``self.block_size`` (None = bidirectional).
 
     ``attention_mask`` may be a 2-D padding mask over ``past + current`` tokens (HF convention; positions and block
-    ids then count real tokens only) or a ready 4-D additive mask, used as given (with explicit ``position_ids``).
+    ids then count real tokens only) or a ready 4-D additive mask (or FlexAttention ``BlockMask``), used as given
+    (with explicit ``position_ids``).
     ``key_position_ids`` ``[B, past + current]`` overrides the key positions derived from a 2-D mask, for callers
     that hide real cached tokens (the dual cache hides a block's stale rows without moving the keys after it).
     """
@@ -268,10 +269,10 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
 
     def _positions_and_mask(self, attention_mask, position_ids, h, past, key_position_ids=None):
         batch, length = h.shape[:2]
-        if attention_mask is not None and attention_mask.dim() == 4:
+        if isinstance(attention_mask, BlockMask) or (attention_mask is not None and attention_mask.dim() == 4):
             if position_ids is None:
                 raise ValueError("A 4-D attention mask needs explicit position_ids.")
-            return position_ids, attention_mask.to(h.dtype)
+            return position_ids, attention_mask if isinstance(attention_mask, BlockMask) else attention_mask.to(h.dtype)
         if attention_mask is not None:
             if attention_mask.shape != (batch, past + length):
                 raise ValueError(
@@ -293,7 +294,7 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         ok = visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
         if self.config._attn_implementation.startswith("flash"):
             return position_ids, self._flash_mask(ok, attention_mask)
-        return position_ids, additive(ok, h.dtype)
+        return position_ids, for_attention(ok, h.dtype, self.config._attn_implementation)
 
     def _flash_mask(self, ok, attention_mask):
         """flash-attn takes no arbitrary mask: padding goes as the 2-D mask (varlen), block structure cannot."""

@@ -22,7 +22,7 @@ only an unpadded row decodes as it does there).
 import torch
 from transformers import DiffusionGemmaConfig, DynamicCache
 
-from .masks import additive, positions_from_padding
+from .masks import for_attention, positions_from_padding
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -104,7 +104,7 @@ def layout_logits(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mas
     dtype = next(model.parameters()).dtype
     masks = {FULL: torch.cat([on_enc, on_canvas], dim=-1),
              SLIDING: torch.cat([on_enc & recent, on_canvas], dim=-1)}
-    masks = {k: additive(v, dtype) for k, v in masks.items()}
+    masks = {k: for_attention(v, dtype, inner.config._attn_implementation) for k, v in masks.items()}
     # one call of the (possibly DDP / PEFT wrapped) model: its encoder fills the cache, its decoder reads it
     out = model(input_ids=clean, attention_mask=real.long(), position_ids=pos, cache=DynamicCache(),
                 decoder_input_ids=noisy[:, q0:], decoder_attention_mask=masks, decoder_position_ids=pos[:, q0:],

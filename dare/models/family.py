@@ -124,8 +124,7 @@ class Family:
             if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids, keep)):
                 raise ValueError("segment_ids define the attention and the positions of packed rows: pass no "
                                  "attention_mask, position_ids, cache or keep with them")
-            config = getattr(getattr(model, "module", model), "config", None)  # DDP / DeepSpeed wrap the model
-            if (getattr(config, "_attn_implementation", None) or "").startswith("flash"):
+            if _attention(model).startswith("flash"):
                 raise ValueError("packed rows need a 4-D attention mask: load the model with attn_implementation="
                                  "'sdpa' (or 'eager')")
             if clean_ids is None:
@@ -159,7 +158,7 @@ class Family:
             skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
             ids, pos, rows = ids[:, skip:], pos[:, skip:], rows - skip
             ok = None if ok is None else ok[:, skip:, skip:]
-        return model(input_ids=ids, attention_mask=masks.additive(ok, dtype), position_ids=pos,
+        return model(input_ids=ids, attention_mask=masks.for_attention(ok, dtype, _attention(model)), position_ids=pos,
                      logits_to_keep=rows).logits
 
     def _uniform_logits(self, model, input_ids, attention_mask, clean_ids, position_ids, cache, keep, segment_ids,
@@ -184,8 +183,8 @@ class Family:
 
     def _packed_logits(self, model, input_ids, segment_ids):
         pos, ok = masks.packed_layout(segment_ids, self.block_size)
-        out = model(input_ids=input_ids, attention_mask=masks.additive(ok, next(model.parameters()).dtype),
-                    position_ids=pos).logits
+        mask = masks.for_attention(ok, next(model.parameters()).dtype, _attention(model))
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
         if not self.shift:
             return out
         source = torch.arange(input_ids.shape[1], device=out.device) - (pos > 0).long()
@@ -202,6 +201,12 @@ class Family:
             raise ValueError(
                 f"{self.name}: the KV cache must hold whole blocks of {self.block_size} real tokens, got "
                 f"{real.tolist()}; prefill the prompt up to a block boundary and decode the partial block")
+
+
+def _attention(model) -> str:
+    """The attention path the model was loaded with (``sdpa``, ``flex_attention``, ...; DDP / DeepSpeed wrap it)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return getattr(config, "_attn_implementation", None) or ""
 
 
 def _first(value):

@@ -9,11 +9,13 @@ import transformers
 import yaml
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import cached_file
 
 from .. import hub
 from . import diffusion_gemma
 from .family import KNOWN, Family, max_positions  # noqa: F401 (max_positions: re-exported)
+from .masks import FLEX
 from .tiny import tiny_model, tiny_parts
 
 # Tokenizer classes named by official tokenizer_config.json files that are remote code; the stock class loads them.
@@ -100,6 +102,17 @@ def load_config(name_or_path: str):
 def looks_local(name: str) -> bool:
     """A path rather than a hub name: absolute, home- or dot-relative, or with more than one ``/``."""
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.path.exists(name)
+
+
+def check_attention(name: str, training: bool) -> None:
+    """One-line errors before any weights load: an attention path transformers does not know, or training through
+    FlexAttention without a GPU (torch has no FlexAttention backward on CPU)."""
+    known = ["eager", *(k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if "|" not in k)]
+    if name not in known:
+        raise ValueError(f"attn_implementation {name!r} is not one of {known}")
+    if name == FLEX and training and not torch.accelerator.is_available():
+        raise ValueError("attn_implementation flex_attention has no backward on CPU (torch): train with sdpa here "
+                         "(evaluate.py and no-grad scoring take flex on CPU)")
 
 
 def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",

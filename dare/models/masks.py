@@ -16,10 +16,16 @@ Block ids are ``position // block_size`` (the "global" block origin). One rule c
   masked (some attention kernels return NaN for such rows, and 0 * NaN would reach the gradients).
 
 Masks are additive float tensors ``[B, 1, Q, K]`` (0 = visible, dtype minimum = hidden) built in the query dtype:
-transformers' eager path adds a bool mask as 0/1, and torch's CPU sdpa mixes dtypes wrongly in float64.
+transformers' eager path adds a bool mask as 0/1, and torch's CPU sdpa mixes dtypes wrongly in float64. A model
+loaded with ``attn_implementation="flex_attention"`` gets a FlexAttention ``BlockMask`` of the same rule instead
+(``for_attention``): tiles hidden whole (another example of a packed row, the hidden quadrants of ``[x_t ‖ x_0]``,
+later blocks) are skipped rather than scored and masked, and no float mask is built.
 """
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+FLEX = "flex_attention"  # transformers' name of the FlexAttention path (``AttentionInterface``)
 
 
 def positions_from_padding(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -77,6 +83,34 @@ def additive(ok: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None
         return None
     bias = torch.zeros(ok.shape, dtype=dtype, device=ok.device)
     return bias.masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
+
+
+def block_mask(ok: torch.Tensor, tile: int = 128) -> BlockMask:
+    """``[B, Q, K]`` bool -> FlexAttention ``BlockMask`` of ``tile`` x ``tile`` tiles: hidden tiles are skipped, fully
+    visible ones run without reading the mask, partly visible ones read ``ok``. Built from tile summaries of ``ok``
+    (``create_block_mask`` would re-materialise the mask through int64 index tensors: 8x its size)."""
+    batch, q_len, k_len = ok.shape
+    padded = torch.nn.functional.pad(ok, (0, -k_len % tile, 0, -q_len % tile))  # mask_mod reads padded tiles too
+    tiles = padded.view(batch, padded.shape[1] // tile, tile, padded.shape[2] // tile, tile)
+    seen, full = tiles.any(4).any(2), tiles.all(4).all(2)  # [B, Q tiles, K tiles]
+
+    def ordered(blocks):  # per query tile: how many key tiles, and their indices first
+        counts = blocks.sum(-1, dtype=torch.int32)
+        indices = blocks.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[:, None], indices[:, None]
+
+    def mask_mod(b, h, q, k):
+        return padded[b, q, k]
+
+    return BlockMask.from_kv_blocks(*ordered(seen & ~full), *ordered(full), BLOCK_SIZE=tile, mask_mod=mask_mod,
+                                    seq_lengths=(q_len, k_len))
+
+
+def for_attention(ok: torch.Tensor | None, dtype: torch.dtype, implementation: str | None):
+    """The mask a model's attention path takes: a ``BlockMask`` for FlexAttention, else the additive float mask."""
+    if ok is None:
+        return None
+    return block_mask(ok) if implementation == FLEX else additive(ok, dtype)
 
 
 def packed_layout(segment_ids: torch.Tensor, block_size: int | None):
