@@ -1,6 +1,6 @@
-"""Decoding speed of every sampler path on random models: Fast-dLLM prefix / dual cache and confidence-threshold
-parallel decoding for masked diffusion (LLaDA, Dream); block KV cache and static vs dynamic unmasking for block
-diffusion (SDAR, LLaDA2). One run prints both tables.
+"""Decoding speed of every sampler path on random models: Fast-dLLM prefix / dual cache (and dInfer's vicinity
+refresh of the dual cache) and confidence-threshold parallel decoding for masked diffusion (LLaDA, Dream); block KV
+cache and static vs dynamic unmasking for block diffusion (SDAR, LLaDA2). One run prints both tables.
 
     python bench/bench_sampling.py            # tiny + 1-layer LLaDA/Dream, 57M LLaDA; tiny SDAR/LLaDA2, 51M SDAR
     python bench/bench_sampling.py --quick    # smoke run: tiny models only, gen length 64 (< 30 s)
@@ -46,6 +46,8 @@ MASKED_METHODS = {
     "threshold": (dict(threshold=True), "threshold"),
     "prefix + threshold": (dict(cache="prefix", threshold=True), "threshold"),
     "dual + threshold": (dict(cache="dual", threshold=True), "threshold"),
+    "dual + vicinity 16": (dict(cache="dual", vicinity=16), "plain"),  # dInfer's recommended vicinity refresh
+    "dual + vicinity 16 + threshold": (dict(cache="dual", vicinity=16, threshold=True), "threshold"),
 }
 BLOCK_METHODS = {
     "no cache, static": (dict(cache="none"), "no cache, static"),
@@ -108,7 +110,8 @@ class Spec:
 
 # Rough relative cost of each method (plain masked decoding = 1), only to schedule the longest jobs first.
 COST = {"plain": 1, "prefix cache": .5, "dual cache": .17, "threshold": .2, "prefix + threshold": .11,
-        "dual + threshold": .07, "no cache, static": .35, "block cache, static": .06, "no cache, dynamic": .28,
+        "dual + threshold": .07, "dual + vicinity 16": .3, "dual + vicinity 16 + threshold": .12,
+        "no cache, static": .35, "block cache, static": .06, "no cache, dynamic": .28,
         "block cache, dynamic": .05}
 
 _MODELS = {}  # per worker process: label -> (model, family, ids, mask), built and warmed up once

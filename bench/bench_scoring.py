@@ -1,7 +1,9 @@
 """RL scoring in the block families' ``[x_t ‖ x_0]`` layout: the whole noisy half (before) against the noisy half
 without the prompt's whole blocks (now: ``dare.models.masks.unread_noisy_columns``), forward + backward of the
 completion's log-probabilities, on one CPU thread. Left-padded prompts of ``--prompt`` tokens (up to 16 fewer per
-row), completions of ``--completion``.
+row), completions of ``--completion``. Then ``--draws`` no-grad draws of the same rows (how the old policy, the
+reference and a sequence-level algorithm's first stream score a multi-draw estimator): each draw in the whole layout
+(before) against the clean half's keys and values computed once for all of them (now: ``likelihood.shared_clean``).
 
     python bench/bench_scoring.py                                   # SDAR, hidden 256, 4 layers, 4 x (128 + 256)
     python bench/bench_scoring.py --family llada2 --prompt 256 --completion 256
@@ -17,6 +19,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from _common import LivePeak, hidden_override  # noqa: E402
 
+from dare.likelihood import MCElbo  # noqa: E402
 from dare.models import Family, masks, tiny  # noqa: E402
 
 
@@ -51,6 +54,7 @@ def main(argv=None):
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--completion", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--draws", type=int, default=8, help="no-grad draws of the multi-draw table (0: skip it)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, tok = tiny(args.family, num_hidden_layers=args.layers, **hidden_override(args.family, args.hidden))
@@ -78,7 +82,41 @@ def main(argv=None):
         columns = 2 * x0.shape[1] - (skipped if skip else 0)
         results.append((name, columns, min(times), peak.mib))
         print(f"| {name} | {columns} | {min(times):.3f} | {peak.mib:.0f} |", flush=True)
+    if args.draws:
+        results += draws_table(model, fam, xt, x0, mask, rows, args)
     return results
+
+
+def draws_table(model, fam, xt, x0, mask, rows, args):
+    """No-grad MCElbo scoring of ``args.draws`` draws: each in the whole layout, or with the clean half shared."""
+    prompt = x0.shape[1] - len(rows)
+    batch = {"prompt_ids": x0[:, :prompt], "prompt_mask": mask[:, :prompt], "completion_ids": x0[:, prompt:],
+             "completion_mask": torch.ones_like(x0[:, prompt:]), "loss_mask": torch.ones_like(x0[:, prompt:])}
+    est = MCElbo(samples=args.draws)
+    noise = est.corrupt(fam, batch, torch.Generator().manual_seed(0))
+    print(f"\n{args.draws} no-grad draws (MCElbo) of the same rows:\n\n| scoring | s / {args.draws} draws | "
+          "live peak MiB |\n|---|---|---|")
+    out, values = [], {}
+    model.eval()
+    for name, shared in (("each draw in the whole layout (before)", False), ("clean half shared (now)", True)):
+        def score(shared=shared):
+            with torch.no_grad():
+                if shared:
+                    return est.score(model, fam, batch, noise).logp
+                return torch.cat([est.score(model, fam, batch, noise, draw=j).logp for j in range(args.draws)], -1)
+        values[name] = score()  # warm-up
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            score()
+            times.append(time.perf_counter() - start)
+        with LivePeak() as peak:
+            score()
+        out.append((name, args.draws, min(times), peak.mib))
+        print(f"| {name} | {min(times):.3f} | {peak.mib:.0f} |", flush=True)
+    before, now = values.values()
+    print(f"\nlargest difference of the estimates: {(before - now).abs().max().item():.1e}")
+    return out
 
 
 if __name__ == "__main__":

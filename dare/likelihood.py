@@ -72,17 +72,19 @@ def rollout_attention(family, prompt_mask: torch.Tensor, completion_mask: torch.
 
 
 def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float = 1.0, banned: tuple = (),
-                 positions: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> Estimate:
+                 positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+                 clean_cache=None) -> Estimate:
     """``log p(y_k | noisy)`` for the completion positions of ``prompt ‖ completion`` (all of them, or the completion
     indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler).
-    ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``)."""
+    ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``).
+    ``clean_cache``: ``shared_clean``'s cache of this batch (block families: only the noisy half is fed)."""
     completion = batch["completion_ids"]
     if family.noise == "uniform":
         if temperature != 1.0 or banned or positions is not None or targets is not None:
             raise ValueError(f"{family.name}: uniform-noise scoring takes whole canvases, untempered")
         logp = canvas_logits(model, family, batch, noisy).log_softmax(-1)
         return Estimate(logp.gather(-1, completion[..., None])[..., 0], entropy_of(logp))
-    logits = completion_logits(model, family, batch, noisy, positions)
+    logits = completion_logits(model, family, batch, noisy, positions, clean_cache)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 models: log-softmax in fp32
     if temperature != 1.0:
         logits = logits / temperature
@@ -96,7 +98,8 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
     return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
 
 
-def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torch.Tensor | None = None):
+def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torch.Tensor | None = None,
+                      clean_cache=None):
     """``Family.logits`` of the completion positions (all, or the completion indices ``positions``) of the noisy
     ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
@@ -109,7 +112,23 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
         noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
         if not torch.is_tensor(keep):
             keep = torch.arange(prompt.shape[1], prompt.shape[1] + keep, device=noisy.device)
-    return family.logits(model, noisy, attention, clean_ids=clean, keep=keep)
+    cached = {} if clean_cache is None else {"clean_cache": clean_cache}
+    return family.logits(model, noisy, attention, clean_ids=clean, keep=keep, **cached)
+
+
+def shared_clean(model, family, batch, draws: int):
+    """No-grad scoring of ``draws`` > 1 noisy versions of one batch in a block family: the clean half of ``[x_t ‖
+    x_0]`` does not depend on the noise, so its keys and values are computed once here and every draw feeds its
+    noisy half only (``Family.clean_cache``). None when a graph is being built, for one draw, or where the family
+    (or its packing / sequence-parallel wrapper) cannot share it."""
+    if draws < 2 or torch.is_grad_enabled() or not family.is_block_diffusion or family.noise != "mask":
+        return None
+    attention = batch.get("attention_mask")
+    if attention is None:
+        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    clean = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    _, clean, attention = whole_blocks(family, clean, clean, attention)
+    return family.clean_cache(model, clean, attention)
 
 
 def token_values(value_model, family, batch, noisy: torch.Tensor) -> torch.Tensor:
@@ -272,10 +291,10 @@ class MCElbo:
     def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
         draws = range(self.samples) if draw is None else [draw]
         length = _maskable(batch).sum(-1).clamp(min=1)
-        values = []
+        values, clean = [], shared_clean(model, family, batch, len(draws))
         for j in draws:
             masked = noise["masks"][:, j]
-            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked), clean_cache=clean).logp
             value = (logp * masked).sum(-1) / noise["p"][:, j].clamp(min=1e-12)
             values.append(value / length if self.per_token else value)
         return Estimate(torch.stack(values, -1))
@@ -308,11 +327,11 @@ class BlockElbo:
     def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
         draws = range(self.samples) if draw is None else [draw]
         size, offsets = self._grid(family, batch)
-        values = []
+        values, clean = [], shared_clean(model, family, batch, len(draws))
         for n in draws:
             masked, weight = noise["masks"][:, n], masked_weight(noise, n)
             if family.is_block_diffusion:
-                logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+                logp = score_tokens(model, family, batch, _masked_input(family, batch, masked), clean_cache=clean).logp
                 values.append((logp * weight).sum(-1))
                 continue
             block_of = (offsets[:, None] + torch.arange(masked.shape[1], device=masked.device)) // size
@@ -351,14 +370,14 @@ class SequenceElbo:
         maskable = _maskable(batch)
         length = maskable.sum(-1)
         draws = range(self.samples) if draw is None else [draw]
-        values = []
+        values, clean = [], shared_clean(model, family, batch, len(draws) * (1 + self.coupled))
         for j in draws:
             masked, p = noise["masks"][:, j], noise["p"][:, j]
-            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked)).logp
+            logp = score_tokens(model, family, batch, _masked_input(family, batch, masked), clean_cache=clean).logp
             value = (logp * masked).sum(-1) / p.clamp(min=1e-12)
             if self.coupled:
                 other = maskable & ~masked
-                logp = score_tokens(model, family, batch, _masked_input(family, batch, other)).logp
+                logp = score_tokens(model, family, batch, _masked_input(family, batch, other), clean_cache=clean).logp
                 rest = (length / (length + 1) - p).clamp(min=1e-12)
                 value = 0.5 * (value + (logp * other).sum(-1) / rest)
             values.append(value / length.clamp(min=1))
@@ -442,10 +461,10 @@ class Sandwich:
         return {"masks": region | (extra & maskable[:, None]), "noisy_prompt": torch.stack(noisy_prompt, 1)}
 
     def score(self, model, family, batch, noise) -> Estimate:
-        logps = []
+        logps, clean = [], shared_clean(model, family, batch, self.samples)
         for j in range(self.samples):
             noisy = _masked_input(family, batch, noise["masks"][:, j], noise["noisy_prompt"][:, j])
-            logps.append(score_tokens(model, family, batch, noisy).logp)
+            logps.append(score_tokens(model, family, batch, noisy, clean_cache=clean).logp)
         lower, upper = sandwich_bounds(torch.stack(logps, 1), noise["masks"], _maskable(batch).sum(-1), self.beta)
         return Estimate(torch.stack([lower, self.mix * upper + (1 - self.mix) * lower], -1))
 
@@ -534,15 +553,16 @@ class Trajectory:
     def corrupt(self, family, batch, generator=None) -> dict:
         return {}
 
-    def score(self, model, family, batch, noise, step: int | None = None) -> Estimate:
+    def score(self, model, family, batch, noise, step: int | None = None, clean_cache=None) -> Estimate:
         if step is not None:
-            return score_tokens(model, family, batch, canvas_before(family, batch, step))
+            return score_tokens(model, family, batch, canvas_before(family, batch, step), clean_cache=clean_cache)
         logp = torch.zeros(batch["steps"].shape, device=batch["steps"].device)
         entropy = torch.zeros_like(logp)
+        clean = shared_clean(model, family, batch, self.steps)
         for s in range(self.steps):
             at = batch["steps"] == s
             if at.any():
-                est = self.score(model, family, batch, noise, s)
+                est = self.score(model, family, batch, noise, s, clean)
                 logp, entropy = torch.where(at, est.logp, logp), torch.where(at, est.entropy, entropy)
         return Estimate(logp, entropy)
 

@@ -41,6 +41,9 @@ class PackedFamily:
     def __getattr__(self, name):
         return getattr(self._family, name)
 
+    def clean_cache(self, *args, **kwargs):
+        return None  # packed rows take their own positions: the unpacked clean half's cache does not apply
+
     def logits(self, model, input_ids, attention_mask=None, *, clean_ids=None, keep=None, **unsupported):
         if any(v is not None for v in unsupported.values()):
             raise ValueError(f"packed scoring takes no {sorted(unsupported)} (no cache, its own positions)")

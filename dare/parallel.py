@@ -200,6 +200,9 @@ class SequenceParallelFamily:
     def __getattr__(self, name):
         return getattr(self._family, name)
 
+    def clean_cache(self, *args, **kwargs):
+        return None  # the ranks shard both halves: no whole clean half to cache
+
     def logits(self, model, input_ids, attention_mask=None, *, clean_ids=None, keep=None, segment_ids=None,
                **unsupported):
         if any(v is not None for v in unsupported.values()):

@@ -492,13 +492,15 @@ CACHE_CASES = [(16, 8, 8, None), (16, 4, 8, None), (16, 8, 4, None), (16, 16, 8,
 
 @pytest.mark.parametrize("cache,gen_length,block_length,steps,threshold", [
     *[("prefix", *case) for case in CACHE_CASES],
-    *[("dual", *case) for case in CACHE_CASES]])
+    *[("dual", *case) for case in CACHE_CASES],
+    *[("dual+vicinity", *case) for case in CACHE_CASES]])
 def test_masked_caches_exact_on_block_causal_model(cache, gen_length, block_length, steps, threshold):
     model, fam = block_causal_as_masked()
     ids, mask = block_aligned_prompts(fam)
     cfg = SamplingConfig(gen_length=gen_length, block_length=block_length, steps=steps, threshold=threshold)
     plain = generate(model, fam, ids, mask, cfg)
-    cached = generate(model, fam, ids, mask, dataclasses.replace(cfg, cache=cache))
+    cache, vicinity = (cache.split("+")[0], 3) if "+" in cache else (cache, 0)
+    cached = generate(model, fam, ids, mask, dataclasses.replace(cfg, cache=cache, vicinity=vicinity))
     assert torch.equal(cached.sequences, plain.sequences)
     assert torch.equal(cached.step_map, plain.step_map) and torch.equal(cached.block_step, plain.block_step)
     assert cached.nfe == plain.nfe
@@ -569,6 +571,23 @@ def test_masked_cache_approximation_is_bounded(name, cache):
     mean = sum(ratios) / len(ratios)
     assert 0.05 < mean < 0.3, mean  # really an approximation, and a good one
     assert max(ratios) < 0.7, max(ratios)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.05])
+@pytest.mark.parametrize("name", MASKED_FAMILIES)
+def test_a_vicinity_covering_the_canvas_is_plain_decoding(name, threshold):
+    """dInfer's vicinity refresh recomputes W positions on each side of the block at every dual-cache step: with W
+    as wide as the canvas every step recomputes everything, so the tokens, steps and forwards are plain decoding's,
+    which the dual cache alone (W = 0) does not give on these bidirectional models."""
+    model, _, fam = load(name)
+    ids, mask = prompts(fam, [5, 9, 13], seed=12)
+    cfg = SamplingConfig(gen_length=32, block_length=8, steps=16, threshold=threshold)
+    plain = generate(model, fam, ids, mask, cfg)
+    wide = generate(model, fam, ids, mask, dataclasses.replace(cfg, cache="dual", vicinity=13 + 32))
+    dual = generate(model, fam, ids, mask, dataclasses.replace(cfg, cache="dual"))
+    assert torch.equal(wide.sequences, plain.sequences) and torch.equal(wide.step_map, plain.step_map)
+    assert wide.nfe == plain.nfe
+    assert not torch.equal(dual.sequences, plain.sequences)
 
 
 # ---------------------------------------------------------------- 6. trajectories
@@ -695,6 +714,9 @@ def test_mask_token_is_never_committed(name):
     ("dream", dict(gen_length=8, cfg_scale=1.0, cache="dual"), ["guidance", "cache"]),
     ("llada", dict(gen_length=8, cache="block"), ["cache", "prefix", "dual"]),
     ("sdar", dict(gen_length=8, cache="prefix"), ["cache", "block", "none"]),
+    ("llada", dict(gen_length=8, cache="prefix", vicinity=4), ["vicinity", "dual"]),
+    ("sdar", dict(gen_length=8, vicinity=4), ["vicinity", "block cache"]),
+    ("llada", dict(gen_length=8, cache="dual", vicinity=-1), ["vicinity", ">= 0", "-1"]),
     ("llada", dict(gen_length=8, remasking="lowest_confidence"),
      ["lowest_confidence", "low_confidence", "entropy", "margin", "random"]),
     ("sdar", dict(gen_length=8, cache="paged"), ["paged", "prefix", "dual", "block"]),

@@ -8,6 +8,7 @@ masks (those live in ``masks.py``, used here and by the models' own forward).
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from . import masks
 from .tokenizers import TURN_END
@@ -96,7 +97,7 @@ class Family:
                cache=None, key_position_ids: torch.Tensor | None = None,
                keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None,
                start: torch.Tensor | None = None, self_conditioning: torch.Tensor | None = None,
-               self_conditioning_mask: torch.Tensor | None = None) -> torch.Tensor:
+               self_conditioning_mask: torch.Tensor | None = None, clean_cache=None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
         the last k positions ``[B, k, V]`` and ``keep=positions`` (1-D) only those, without materialising the rest.
 
@@ -107,7 +108,9 @@ class Family:
         * doubled layout (``clean_ids`` given, block families): the model reads ``[x_t ‖ x_0]`` with the three
           BD3LM attention rules and the logits of the noisy half are returned; with ``keep`` the noisy copy of the
           blocks before every kept row's block (the prompt's, in RL scoring) is left out of the call: nothing kept
-          reads it (``masks.unread_noisy_columns``).
+          reads it (``masks.unread_noisy_columns``). ``clean_cache`` (from ``clean_cache``, for the same rows and
+          clean ids): only the noisy half is fed, against the clean half's cached keys and values (no-grad scoring
+          of several draws of one batch computes the clean half once).
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
@@ -150,6 +153,8 @@ class Family:
             raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
         if cache is not None or position_ids is not None:
             raise ValueError("The [x_t ‖ x_0] layout derives its own positions and takes no cache.")
+        if clean_cache is not None:
+            return self._noisy_against_clean(model, input_ids, attention_mask, keep, clean_cache)
         ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size, segment_ids)
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
@@ -160,6 +165,40 @@ class Family:
             ok = None if ok is None else ok[:, skip:, skip:]
         return model(input_ids=ids, attention_mask=masks.for_attention(ok, dtype, _attention(model)), position_ids=pos,
                      logits_to_keep=rows).logits
+
+    def clean_cache(self, model, clean_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """The keys and values of the clean half of ``[x_t ‖ x_0]`` (block families): the clean half attends to
+        itself only, block-causally, exactly as a plain pass over ``clean_ids`` does, so one pass serves every noisy
+        draw of the same rows (``logits(..., clean_cache=)``). None where that does not hold (other families)."""
+        if self.block_size is None or self.noise != "mask":
+            return None
+        cache = DynamicCache()
+        model(input_ids=clean_ids, attention_mask=attention_mask, cache=cache, logits_to_keep=1)
+        return cache
+
+    def _noisy_against_clean(self, model, noisy, attention_mask, keep, cache):
+        """The noisy half of ``[x_t ‖ x_0]`` fed alone against the clean half's cache, under the layout's rules (a
+        noisy query sees clean keys of earlier blocks and noisy keys of its own block); the noisy copy of the
+        blocks before every kept row's block is left out, as in the doubled call."""
+        batch, width = noisy.shape
+        if cache.get_seq_length() != width:
+            raise ValueError(f"the clean cache holds {cache.get_seq_length()} columns, the noisy half {width}")
+        valid = (torch.ones_like(noisy, dtype=torch.bool) if attention_mask is None else attention_mask.bool())
+        pos = masks.positions_from_padding(valid)
+        rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=noisy.device)
+        skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size) if keep is not None else 0
+        q_pos = pos[:, skip:]
+        clean = torch.ones(batch, width, dtype=torch.bool, device=noisy.device)
+        ok = masks.visible(q_pos, torch.cat([pos, q_pos], 1), self.block_size,
+                           k_valid=torch.cat([valid, valid[:, skip:]], 1), q_clean=~clean[:, skip:],
+                           k_clean=torch.cat([clean, ~clean[:, skip:]], 1))
+        mask = masks.for_attention(ok, next(model.parameters()).dtype, _attention(model))
+        try:
+            return model(input_ids=noisy[:, skip:], attention_mask=mask, position_ids=q_pos, cache=cache,
+                         logits_to_keep=rows - skip).logits
+        finally:  # the next draw finds the clean half only
+            if cache.get_seq_length() > width:
+                cache.crop(width - cache.get_seq_length())
 
     def _uniform_logits(self, model, input_ids, attention_mask, clean_ids, position_ids, cache, keep, segment_ids,
                         start, self_conditioning, self_conditioning_mask):

@@ -39,6 +39,9 @@ class SamplingConfig:
     factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
     # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
     cache: str | None = None
+    # dual cache: also recompute this many positions on each side of the block at every step (dInfer's vicinity
+    # refresh: the K/V next to the block, the stalest, are fresh; 0: Fast-dLLM's dual cache)
+    vicinity: int = 0
     editing_threshold: float | None = None  # block families: LLaDA2.1 editing, overwrite decoded tokens above it
     max_post_steps: int = 16  # LLaDA2.1 editing: refinement steps after a block has no masks left
     cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
@@ -94,6 +97,7 @@ class SamplingConfig:
                   "eps": (self.eps, 0, 1, True), "alg_temp": (self.alg_temp, 0, None, True),
                   "editing_threshold": (self.editing_threshold, 0, None, False),
                   "max_post_steps": (self.max_post_steps, 0, None, False),
+                  "vicinity": (self.vicinity, 0, None, False),
                   "cfg_scale": (self.cfg_scale, 0, None, False),
                   "entropy_bound": (self.entropy_bound, 0, None, True), "t_min": (self.t_min, 0, None, True),
                   "t_max": (self.t_max, 0, None, True), "stability_steps": (self.stability_steps, 0, None, False),
@@ -150,6 +154,7 @@ class SamplingOverrides:
     top_k: int | None = None  # top-k sampling
     remasking: str | None = None  # confidence that picks positions
     cache: str | None = None  # masked: none | prefix | dual; block: block | none
+    vicinity: int | None = None  # dual cache: positions recomputed on each side of the block
 
     def over(self, base: SamplingConfig) -> SamplingConfig:
         return replace(base, **{k: v for k, v in asdict(self).items() if v is not None})
@@ -245,8 +250,9 @@ def plan_uniform(cfg, family) -> UniformPlan:
     if cfg.cfg_scale or cfg.suppress_eos or not cfg.stop_at_eos:
         raise ValueError(f"{family.name}: cfg_scale, suppress_eos and stop_at_eos=False are not supported by the "
                          "uniform-noise sampler")
-    if cfg.cache not in (None, "block"):
-        raise ValueError(f"{family.name} always caches its encoder's keys and values: cache must be 'block'")
+    if cfg.cache not in (None, "block") or cfg.vicinity:
+        raise ValueError(f"{family.name} always caches its encoder's keys and values: cache must be 'block' (and "
+                         "no vicinity)")
     given = {k: getattr(cfg, k) for k in ("entropy_bound", "t_min", "t_max", "stability_steps", "confidence_stop")}
     plan = UniformPlan(cfg.steps or 48, **{k: v for k, v in given.items() if v is not None})
     if plan.t_max <= plan.t_min:
@@ -264,6 +270,8 @@ def plan_block(cfg, family) -> int:
     cache_mode = cfg.cache or "block"
     if cache_mode not in ("block", "none"):
         raise ValueError(f"{family.name} is a block-diffusion family: cache must be 'block' or 'none'")
+    if cfg.vicinity:
+        raise ValueError(f"{family.name}: vicinity refreshes a masked family's dual cache (a block cache is exact)")
     steps = cfg.steps or (ascending_steps(block) if cfg.schedule == "ascending" else block)
     if steps > block:
         raise ValueError(f"steps per block ({steps}) is larger than the block size ({block})")
@@ -290,4 +298,6 @@ def plan_masked(cfg, family) -> tuple[int, int]:
         raise ValueError("editing_threshold (LLaDA2.1 editing) applies to block-diffusion families only")
     if cfg.cfg_scale and cache_mode != "none":
         raise ValueError("classifier-free guidance needs cache='none'")
+    if cfg.vicinity and cache_mode != "dual":
+        raise ValueError(f"vicinity={cfg.vicinity} refreshes the dual cache around the block: set cache='dual'")
     return n_blocks, steps

@@ -7,7 +7,9 @@ at most the step's even share plus the shortfall carried from earlier steps, goi
 block is done; where the steps do not divide the block, the remainder goes to the first steps; the official
 asserts divisibility). Fast-dLLM caches: "prefix" keeps the K/V of everything before
 the block from the block's first (full) pass; "dual" keeps the whole canvas and overwrites the block's rows in
-place. Both refresh at every block and are approximations for bidirectional models (stale K/V).
+place. Both refresh at every block and are approximations for bidirectional models (stale K/V). ``vicinity=W``
+(dInfer's vicinity refresh) also recomputes W positions on each side of the block at every dual-cache step: the
+cached K/V nearest the block, which go stale fastest, stay fresh; a vicinity covering the canvas is plain decoding.
 A row whose block has no masks left sits out the block's remaining forwards (threshold decoding finishes rows at
 different steps; the cache drops its rows until the next block's full pass); its proposals were never committed,
 and the sampling draws stay the whole batch's, so the output is the same. Not with classifier-free guidance or
@@ -107,14 +109,15 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
                 if cache_mode == "prefix":
                     lg = family.logits(model, xs[:, first:], attns, cache=cache)[:, shift:shift + block]
                     truncate(cache, first)
-                else:  # dual: hide the block's stale rows, feed the block, move its fresh K/V in place
+                else:  # dual: hide the stale rows of the block and its vicinity, feed them, move their K/V in place
+                    lo, hi = max(first - cfg.vicinity, 0), min(end + cfg.vicinity, x.shape[1])
                     stale = attns.clone()
-                    stale[:, first:end] = 0
-                    lg = family.logits(model, xs[:, first:end], torch.cat([stale, attns[:, first:end]], 1),
-                                       position_ids=pos[:, first:end], cache=cache,
-                                       key_position_ids=torch.cat([pos, pos[:, first:end]], 1),
-                                       )[:, shift:shift + block]
-                    move_tail(cache, first, end)
+                    stale[:, lo:hi] = 0
+                    lg = family.logits(model, xs[:, lo:hi], torch.cat([stale, attns[:, lo:hi]], 1),
+                                       position_ids=pos[:, lo:hi], cache=cache,
+                                       key_position_ids=torch.cat([pos, pos[:, lo:hi]], 1),
+                                       )[:, start - lo:start - lo + block]
+                    move_tail(cache, lo, hi)
             if rows is not None:  # rows sitting out get flat logits: none of their positions is masked
                 lg = lg.new_zeros((n_rows, *lg.shape[1:])).index_copy_(0, rows, lg)
             out.nfe += 1

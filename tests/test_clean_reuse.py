@@ -1,0 +1,89 @@
+"""The clean half of ``[x_t ‖ x_0]`` computed once for every draw of no-grad scoring (``likelihood.shared_clean``):
+the same values as scoring each draw in the whole layout, fewer columns fed, and no sharing where it cannot hold."""
+
+import pytest
+import torch
+from conftest import BLOCK_FAMILIES
+
+from dare.likelihood import BlockElbo, MCElbo, Sandwich, SequenceElbo, Trajectory, shared_clean
+from dare.models import Family, tiny
+from dare.packing import PackedFamily
+
+ESTIMATORS = {"mc": MCElbo(samples=4), "block": BlockElbo(samples=3), "sequence": SequenceElbo(samples=2),
+              "sandwich": Sandwich(samples=3), "trajectory": Trajectory(steps=4)}
+
+
+def rollout(family_name, seed=0):
+    """Left-padded prompts, completions of 3 blocks (row 2 stopped early), each token's decoding step."""
+    model, tok = tiny(family_name)
+    fam = Family.from_pretrained(model.config, tok)
+    g = torch.Generator().manual_seed(seed)
+    width = 3 * fam.block_size
+    prompt = torch.randint(20, len(tok), (3, 10), generator=g)
+    prompt_mask = torch.ones_like(prompt)
+    prompt_mask[1, :3] = 0
+    prompt[1, :3] = fam.pad_id
+    completion = torch.randint(20, len(tok), (3, width), generator=g)
+    completion_mask = torch.ones_like(completion)
+    completion_mask[2, width // 2:] = 0
+    steps = torch.randint(0, 4, (3, width), generator=g)
+    return model, fam, {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+                        "completion_mask": completion_mask, "loss_mask": completion_mask, "steps": steps}
+
+
+class Fed:
+    """Columns fed to the model, summed over its calls."""
+
+    def __init__(self, model):
+        self.columns = 0
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        self.columns += kwargs["input_ids"].shape[1]
+
+
+def each_draw(est, model, fam, batch, noise):
+    """The estimate without sharing: one draw (or step) per call, each in the whole ``[x_t ‖ x_0]`` layout."""
+    if isinstance(est, Trajectory):
+        with torch.enable_grad():  # a graph is built: no sharing
+            return est.score(model, fam, batch, noise).logp.detach()
+    if isinstance(est, Sandwich):
+        with torch.enable_grad():
+            return est.score(model, fam, batch, noise).logp.detach()
+    return torch.cat([est.score(model, fam, batch, noise, draw=j).logp for j in range(est.samples)], -1)
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+@pytest.mark.parametrize("family_name", BLOCK_FAMILIES)
+def test_shared_clean_half_gives_each_draws_values_and_feeds_fewer_columns(family_name, name):
+    model, fam, batch = rollout(family_name)
+    est = ESTIMATORS[name]
+    noise = est.corrupt(fam, batch, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        fed = Fed(model)
+        alone = each_draw(est, model, fam, batch, noise)
+        columns_alone, fed.columns = fed.columns, 0
+        shared = est.score(model, fam, batch, noise).logp
+        fed.handle.remove()
+    assert shared.shape == alone.shape
+    assert torch.allclose(shared, alone, rtol=1e-6, atol=1e-6), (shared - alone).abs().max()  # float sum order
+    assert fed.columns < columns_alone, (fed.columns, columns_alone)
+
+
+def test_no_sharing_with_a_graph_one_draw_or_packed_rows():
+    model, fam, batch = rollout("sdar")
+    with torch.no_grad():
+        assert shared_clean(model, fam, batch, 2) is not None
+        assert shared_clean(model, fam, batch, 1) is None
+        assert shared_clean(model, PackedFamily(fam, 64), batch, 2) is None
+        llada, ltok = tiny("llada")
+        assert shared_clean(llada, Family.from_pretrained(llada.config, ltok), batch, 2) is None
+    assert shared_clean(model, fam, batch, 2) is None  # grad enabled: each draw keeps its own graph
+
+
+def test_a_cache_of_other_rows_is_refused():
+    model, fam, batch = rollout("sdar")
+    with torch.no_grad():
+        cache = fam.clean_cache(model, batch["prompt_ids"])
+        with pytest.raises(ValueError, match="clean cache holds 10 columns"):
+            fam.logits(model, batch["completion_ids"], clean_ids=batch["completion_ids"], clean_cache=cache)
