@@ -1,11 +1,12 @@
 """One RL step (d1) on tiny families, split into rollout / reward / train seconds, with rollout tokens/s, for the hf
 engine's decoding variants: no cache and one token per step (the plain baseline), KV cache (Fast-dLLM prefix or
-dual cache for masked families, the block cache for block families), and cache + parallel decoding (4 tokens per
-step; or a confidence threshold).
+dual cache for masked families, the block cache for block families), cache + parallel decoding (4 tokens per
+step; or a confidence threshold), and the dual cache with dInfer's vicinity refresh + threshold.
 
     python bench/bench_rl.py                                  # llada + sdar, 8 prompts x 8 completions, 64 tokens
     python bench/bench_rl.py --families llada dream sdar llada2 --gen-length 128 --hidden 256
     python bench/bench_rl.py --model outputs/quickstart/sft   # a trained model (thresholds then commit in parallel)
+    python bench/bench_rl.py --model outputs/standin-llada --task cycle --prompts 4 --generations 4 --gen-length 128
 
 Each (family, variant) trains ``--warmup + --steps`` steps of train_rl.py in a forked child on generated
 arithmetic prompts (the math reward); the table shows medians over the timed steps. ``step s`` = rollout + reward
@@ -29,19 +30,21 @@ import train_rl  # noqa: E402
 from dare.data.tasks import write_task
 from dare.models import save_tiny
 
-VARIANTS = {  # name -> (cache for masked families, cache for block families, tokens per step, threshold)
-    "plain": ("none", "none", 1, None),
-    "cache": ("prefix", "block", 1, None),
-    "dual cache": ("dual", None, 1, None),
-    "cache + 4 tok/step": ("prefix", "block", 4, None),
-    "cache + threshold 0.9": ("prefix", "block", 1, 0.9),
+VARIANTS = {  # name -> (cache for masked families, cache for block families, tokens per step, threshold, vicinity)
+    "plain": ("none", "none", 1, None, 0),
+    "cache": ("prefix", "block", 1, None, 0),
+    "dual cache": ("dual", None, 1, None, 0),
+    "cache + 4 tok/step": ("prefix", "block", 4, None, 0),
+    "cache + threshold 0.9": ("prefix", "block", 1, 0.9, 0),
+    "dual + threshold 0.9": ("dual", None, 1, 0.9, 0),
+    "dual + vicinity 16 + threshold 0.9": ("dual", None, 1, 0.9, 16),
 }
 KEYS = ("time/rollout", "time/reward", "time/old_ref_logp", "time/train", "rollout/tokens_per_s", "rollout/nfe")
 
 
 def run(args, model, block, variant, data, queue):
     torch.set_num_threads(args.threads)
-    masked_cache, block_cache, per_step, threshold = VARIANTS[variant]
+    masked_cache, block_cache, per_step, threshold, vicinity = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as out:
         a = train_rl.args_class("d1")(model=model, output_dir=out, max_steps=args.warmup + args.steps,
                                       prompts_per_step=args.prompts, num_generations=args.generations,
@@ -53,7 +56,7 @@ def run(args, model, block, variant, data, queue):
         a.rollout.cache = block_cache if block else masked_cache
         a.rollout.block_length = None if block else min(32, args.gen_length)
         a.rollout.steps = (args.gen_length if not block else block) // per_step
-        a.rollout.threshold = threshold
+        a.rollout.threshold, a.rollout.vicinity = threshold, vicinity
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             logs = [h for h in train_rl.main(a).state.log_history if "loss" in h][args.warmup:]
     queue.put({k: statistics.median(float(h[k]) for h in logs) for k in KEYS})
@@ -71,9 +74,13 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
+                   help=f"decoding variants to time (default all: {', '.join(VARIANTS)})")
+    p.add_argument("--task", default="arithmetic", help="generated task of the prompts (a --model's own: e.g. cycle "
+                                                          "for the stand-ins of recipes/standin)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        data = write_task("arithmetic", f"{tmp}/train.jsonl", 256)
+        data = write_task(args.task, f"{tmp}/train.jsonl", 256)
         models = {args.model: args.model} if args.model else {
             f: save_tiny(f, f"{tmp}/{f}", **hidden_override(f, args.hidden)) for f in args.families}
         print(f"d1 step: {args.prompts} prompts x {args.generations} completions, {args.gen_length} tokens, "
@@ -83,8 +90,8 @@ def main():
         for name, model in models.items():
             from dare.models import load_pretrained
             block = load_pretrained(model)[2].block_size
-            for variant, (masked_cache, block_cache, _, _) in VARIANTS.items():
-                if (block_cache if block else masked_cache) is None:
+            for variant, (masked_cache, block_cache, *_) in VARIANTS.items():
+                if (block_cache if block else masked_cache) is None or variant not in args.variants:
                     continue
                 r = in_child(run, args, model, block, variant, data)
                 step = r["time/rollout"] + r["time/reward"] + r["time/old_ref_logp"] + r["time/train"]
