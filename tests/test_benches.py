@@ -84,7 +84,7 @@ def test_standin_recipe_trains_and_benches(path, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| standin |")]
-    assert len(rows) == (4 if path.stem == "sdar" else 6), out.stdout
+    assert len(rows) == (4 if path.stem == "sdar" else 8), out.stdout  # bench_sampling.BLOCK_METHODS, MASKED_METHODS
     assert all(re.search(r"\| [\d.]+% \| [\d.]+ \|$", row) for row in rows), rows  # quality, wall seconds
     assert "trained (" in out.stdout and "held-out task:cycle questions" in out.stdout
 
