@@ -1,9 +1,11 @@
-"""RL scoring in the block families' ``[x_t ‖ x_0]`` layout: the whole noisy half (before) against the noisy half
-without the prompt's whole blocks (now: ``dare.models.masks.unread_noisy_columns``), forward + backward of the
-completion's log-probabilities, on one CPU thread. Left-padded prompts of ``--prompt`` tokens (up to 16 fewer per
-row), completions of ``--completion``. Then ``--draws`` no-grad draws of the same rows (how the old policy, the
-reference and a sequence-level algorithm's first stream score a multi-draw estimator): each draw in the whole layout
-(before) against the clean half's keys and values computed once for all of them (now: ``likelihood.shared_clean``).
+"""RL scoring in the block families' ``[x_t ‖ x_0]`` layout, forward + backward of the completion's log-probabilities
+on one CPU thread: the whole noisy half (before), the noisy half without the prompt's whole blocks
+(``dare.models.masks.unread_noisy_columns``), and the same with the clean half in a pass of its own and the noisy
+half fed against its keys and values (what every estimator does now, ``Family.clean_cache``). Left-padded prompts of
+``--prompt`` tokens (up to 16 fewer per row), completions of ``--completion``. Then ``--draws`` no-grad draws of the
+same rows (how the old policy, the reference and a sequence-level algorithm's first stream score a multi-draw
+estimator): each draw alone, with its own clean pass, against the clean half computed once for all of them (now:
+``likelihood.shared_clean``).
 
     python bench/bench_scoring.py                                   # SDAR, hidden 256, 4 layers, 4 x (128 + 256)
     python bench/bench_scoring.py --family llada2 --prompt 256 --completion 256
@@ -34,8 +36,10 @@ def batch(fam, tok, rows: int, prompt: int, completion: int):
     return xt, x0, mask, torch.arange(prompt, prompt + completion)
 
 
-def step(model, fam, xt, x0, mask, rows, skip: bool):
-    if skip:
+def step(model, fam, xt, x0, mask, rows, skip: bool | str):
+    if skip == "split":  # what the estimators do now: the clean half's pass, then the noisy half against its cache
+        logits = fam.logits(model, xt, mask, clean_ids=x0, keep=rows, clean_cache=fam.clean_cache(model, x0, mask))
+    elif skip:
         logits = fam.logits(model, xt, mask, clean_ids=x0, keep=rows)
     else:  # what every estimator did before: the whole noisy half, the completion's rows kept
         ids, pos, ok = masks.doubled_layout(xt, x0, mask, fam.block_size)
@@ -67,7 +71,8 @@ def main(argv=None):
           f"{skipped} of them skipped\n")
     print("| layout | columns | s / forward+backward | live peak MiB |\n|---|---|---|---|")
     results = []
-    for name, skip in (("whole noisy half (before)", False), ("prompt's noisy blocks skipped (now)", True)):
+    for name, skip in (("whole noisy half (before)", False), ("prompt's noisy blocks skipped, one call", True),
+                       ("the same, clean half in its own pass (now)", "split")):
         step(model, fam, xt, x0, mask, rows, skip)  # warm-up
         model.zero_grad(set_to_none=True)
         times = []
@@ -79,7 +84,7 @@ def main(argv=None):
         with LivePeak() as peak:
             step(model, fam, xt, x0, mask, rows, skip)
         model.zero_grad(set_to_none=True)
-        columns = 2 * x0.shape[1] - (skipped if skip else 0)
+        columns = 2 * x0.shape[1] - (skipped if skip else 0)  # fed in total (the split: in two calls)
         results.append((name, columns, min(times), peak.mib))
         print(f"| {name} | {columns} | {min(times):.3f} | {peak.mib:.0f} |", flush=True)
     if args.draws:
@@ -88,7 +93,7 @@ def main(argv=None):
 
 
 def draws_table(model, fam, xt, x0, mask, rows, args):
-    """No-grad MCElbo scoring of ``args.draws`` draws: each in the whole layout, or with the clean half shared."""
+    """No-grad MCElbo scoring of ``args.draws`` draws: each alone (its own clean pass), or the clean half shared."""
     prompt = x0.shape[1] - len(rows)
     batch = {"prompt_ids": x0[:, :prompt], "prompt_mask": mask[:, :prompt], "completion_ids": x0[:, prompt:],
              "completion_mask": torch.ones_like(x0[:, prompt:]), "loss_mask": torch.ones_like(x0[:, prompt:])}
@@ -98,7 +103,7 @@ def draws_table(model, fam, xt, x0, mask, rows, args):
           "live peak MiB |\n|---|---|---|")
     out, values = [], {}
     model.eval()
-    for name, shared in (("each draw in the whole layout (before)", False), ("clean half shared (now)", True)):
+    for name, shared in (("each draw alone, its own clean pass", False), ("clean half shared (now)", True)):
         def score(shared=shared):
             with torch.no_grad():
                 if shared:

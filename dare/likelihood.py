@@ -112,6 +112,8 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
         noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
         if not torch.is_tensor(keep):
             keep = torch.arange(prompt.shape[1], prompt.shape[1] + keep, device=noisy.device)
+        if clean_cache is None:  # one draw: the same two passes as a shared clean half, so every path agrees
+            clean_cache = family.clean_cache(model, clean, attention)
     cached = {} if clean_cache is None else {"clean_cache": clean_cache}
     return family.logits(model, noisy, attention, clean_ids=clean, keep=keep, **cached)
 
@@ -119,8 +121,11 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
 def shared_clean(model, family, batch, draws: int):
     """No-grad scoring of ``draws`` > 1 noisy versions of one batch in a block family: the clean half of ``[x_t ‖
     x_0]`` does not depend on the noise, so its keys and values are computed once here and every draw feeds its
-    noisy half only (``Family.clean_cache``). None when a graph is being built, for one draw, or where the family
-    (or its packing / sequence-parallel wrapper) cannot share it."""
+    noisy half only (``Family.clean_cache``). Every other draw makes the same two passes itself
+    (``completion_logits``), so a draw scores the same numbers shared or alone, with or without a graph (a policy
+    at the reference has a margin of exactly 0, a ratio of exactly 1); with a graph each draw keeps its own clean
+    pass, so its gradient sums as before whether draws are streamed or not. None for one draw, with a graph, or
+    where the family (its wrapper, activation checkpointing in training mode) keeps the one-call layout."""
     if draws < 2 or torch.is_grad_enabled() or not family.is_block_diffusion or family.noise != "mask":
         return None
     attention = batch.get("attention_mask")

@@ -43,7 +43,7 @@ def test_bench_sglang_hf_half_runs_without_sglang(tmp_path):
 
 def test_bench_scoring_skips_columns_and_saves_time_and_memory():
     scoring = load_script(ROOT / "bench" / "bench_scoring.py", "dare_bench_scoring")
-    (_, before, _, peak_before), (_, now, _, peak_now) = scoring.main(
+    (_, before, _, peak_before), (_, now, _, peak_now), _ = scoring.main(
         ["--hidden", "64", "--layers", "2", "--prompt", "32", "--completion", "32", "--repeats", "1", "--draws", "0"])
     assert now < before and peak_now < peak_before  # columns and live memory (times: the bench's table)
 

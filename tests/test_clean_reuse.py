@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import BLOCK_FAMILIES
 
-from dare.likelihood import BlockElbo, MCElbo, Sandwich, SequenceElbo, Trajectory, shared_clean
+from dare.likelihood import BlockElbo, MCElbo, MeanField, Sandwich, SequenceElbo, Trajectory, shared_clean
 from dare.models import Family, tiny
 from dare.packing import PackedFamily
 
@@ -42,15 +42,17 @@ class Fed:
         self.columns += kwargs["input_ids"].shape[1]
 
 
-def each_draw(est, model, fam, batch, noise):
-    """The estimate without sharing: one draw (or step) per call, each in the whole ``[x_t ‖ x_0]`` layout."""
-    if isinstance(est, Trajectory):
-        with torch.enable_grad():  # a graph is built: no sharing
-            return est.score(model, fam, batch, noise).logp.detach()
-    if isinstance(est, Sandwich):
-        with torch.enable_grad():
-            return est.score(model, fam, batch, noise).logp.detach()
-    return torch.cat([est.score(model, fam, batch, noise, draw=j).logp for j in range(est.samples)], -1)
+class Unshared:
+    """The family with the clean half's cache refused: every draw in the whole ``[x_t ‖ x_0]`` layout (as before)."""
+
+    def __init__(self, family):
+        self.family = family
+
+    def __getattr__(self, name):
+        return getattr(self.family, name)
+
+    def clean_cache(self, *args, **kwargs):
+        return None
 
 
 @pytest.mark.parametrize("name", list(ESTIMATORS))
@@ -61,7 +63,7 @@ def test_shared_clean_half_gives_each_draws_values_and_feeds_fewer_columns(famil
     noise = est.corrupt(fam, batch, torch.Generator().manual_seed(1))
     with torch.no_grad():
         fed = Fed(model)
-        alone = each_draw(est, model, fam, batch, noise)
+        alone = est.score(model, Unshared(fam), batch, noise).logp
         columns_alone, fed.columns = fed.columns, 0
         shared = est.score(model, fam, batch, noise).logp
         fed.handle.remove()
@@ -70,7 +72,7 @@ def test_shared_clean_half_gives_each_draws_values_and_feeds_fewer_columns(famil
     assert fed.columns < columns_alone, (fed.columns, columns_alone)
 
 
-def test_no_sharing_with_a_graph_one_draw_or_packed_rows():
+def test_no_sharing_for_one_draw_a_graph_packed_rows_or_masked_families():
     model, fam, batch = rollout("sdar")
     with torch.no_grad():
         assert shared_clean(model, fam, batch, 2) is not None
@@ -78,7 +80,7 @@ def test_no_sharing_with_a_graph_one_draw_or_packed_rows():
         assert shared_clean(model, PackedFamily(fam, 64), batch, 2) is None
         llada, ltok = tiny("llada")
         assert shared_clean(llada, Family.from_pretrained(llada.config, ltok), batch, 2) is None
-    assert shared_clean(model, fam, batch, 2) is None  # grad enabled: each draw keeps its own graph
+    assert shared_clean(model, fam, batch, 2) is None  # a graph: every draw keeps its own clean pass
 
 
 def test_a_cache_of_other_rows_is_refused():
@@ -87,3 +89,37 @@ def test_a_cache_of_other_rows_is_refused():
         cache = fam.clean_cache(model, batch["prompt_ids"])
         with pytest.raises(ValueError, match="clean cache holds 10 columns"):
             fam.logits(model, batch["completion_ids"], clean_ids=batch["completion_ids"], clean_cache=cache)
+
+
+@pytest.mark.parametrize("family_name", ["sdar", "sdar_moe", "llada2"])
+def test_a_draw_scores_the_same_numbers_shared_or_alone_and_its_gradient_is_the_whole_layouts(family_name):
+    """Shared (no grad) and alone (with a graph) a draw makes the same two passes: equal to the bit, so a policy at
+    the reference has a margin of exactly 0. Its gradient is the whole layout's (float64; the norms compute in
+    float32), reaching the same parameters: an expert only clean tokens chose gets a zero gradient, as before."""
+    model, fam, batch = rollout(family_name)
+    model.double()
+    est = ESTIMATORS["mc"]
+    noise = est.corrupt(fam, batch, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        shared = est.score(model, fam, batch, noise).logp
+    alone = torch.cat([est.score(model, fam, batch, noise, draw=j).logp for j in range(est.samples)], -1)
+    assert torch.equal(alone.detach(), shared)
+    mean_field = MeanField(p_prompt=0.0)  # a fully masked completion: on sdar_moe an expert only clean tokens chose
+    noise, grads = mean_field.corrupt(fam, batch, torch.Generator().manual_seed(0)), []
+    for family in (Unshared(fam), fam):
+        model.zero_grad(set_to_none=True)
+        mean_field.score(model, family, batch, noise).logp.sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n, g in grads[0].items():
+        assert (grads[1][n] - g).abs().max() <= 1e-6 * g.abs().max().clamp(min=1e-12), n
+
+
+def test_activation_checkpointing_in_training_keeps_the_one_call_layout():
+    """Its layers drop every cache when they build a graph, so the no-grad passes keep the one-call layout too."""
+    model, fam, batch = rollout("sdar")
+    model.train().activation_checkpointing_enable({"use_reentrant": False})
+    with torch.no_grad():
+        assert shared_clean(model, fam, batch, 2) is None
+        model.eval()
+        assert shared_clean(model, fam, batch, 2) is not None

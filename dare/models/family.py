@@ -169,11 +169,17 @@ class Family:
     def clean_cache(self, model, clean_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """The keys and values of the clean half of ``[x_t ‖ x_0]`` (block families): the clean half attends to
         itself only, block-causally, exactly as a plain pass over ``clean_ids`` does, so one pass serves every noisy
-        draw of the same rows (``logits(..., clean_cache=)``). None where that does not hold (other families)."""
+        draw of the same rows (``logits(..., clean_cache=)``). None for other families, and for a model in training
+        mode with activation checkpointing, whose layers drop the cache when they build a graph: its scoring stays
+        in the one-call layout with and without a graph, so both give the same numbers."""
         if self.block_size is None or self.noise != "mask":
             return None
+        if model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+            return None
         cache = DynamicCache()
-        model(input_ids=clean_ids, attention_mask=attention_mask, cache=cache, logits_to_keep=1)
+        # the kept row ties the clean pass's last layer into the graph (zero gradient), as the one-call layout does:
+        # an expert only clean tokens chose there gets a zero gradient, not none (AdamW treats them differently)
+        cache.anchor = model(input_ids=clean_ids, attention_mask=attention_mask, cache=cache, logits_to_keep=1).logits
         return cache
 
     def _noisy_against_clean(self, model, noisy, attention_mask, keep, cache):
@@ -193,12 +199,12 @@ class Family:
                            k_valid=torch.cat([valid, valid[:, skip:]], 1), q_clean=~clean[:, skip:],
                            k_clean=torch.cat([clean, ~clean[:, skip:]], 1))
         mask = masks.for_attention(ok, next(model.parameters()).dtype, _attention(model))
-        try:
-            return model(input_ids=noisy[:, skip:], attention_mask=mask, position_ids=q_pos, cache=cache,
-                         logits_to_keep=rows - skip).logits
-        finally:  # the next draw finds the clean half only
-            if cache.get_seq_length() > width:
-                cache.crop(width - cache.get_seq_length())
+        fresh = DynamicCache()  # this call's keys and values join a copy: every draw finds the clean half alone
+        for i, layer in enumerate(cache.layers):
+            fresh.update(layer.keys, layer.values, i)
+        logits = model(input_ids=noisy[:, skip:], attention_mask=mask, position_ids=q_pos, cache=fresh,
+                       logits_to_keep=rows - skip).logits
+        return logits + cache.anchor.sum() * 0.0 if torch.is_grad_enabled() else logits
 
     def _uniform_logits(self, model, input_ids, attention_mask, clean_ids, position_ids, cache, keep, segment_ids,
                         start, self_conditioning, self_conditioning_mask):
