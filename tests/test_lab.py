@@ -99,6 +99,12 @@ def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_pat
     other = compare.Lab(**{**vars(lab), "learning_rate": 3e-4})
     with pytest.raises(SystemExit, match=r"other settings \(learning_rate: 0.001 there, 0.0003 now\)"):
         compare.main(other)  # refused: its runs would be another setting's numbers
+    (tmp_path / "llada-d1-control-seed1" / "result.json").unlink()  # an interrupted lab: one run not finished
+    wider = compare.Lab(**{**vars(lab), "seeds": [0, 1, 2], "algos": ["d1", "d1:control", "wd1"],
+                           "finished_only": True})
+    table = compare.main(wider)  # tabulates what finished, trains nothing
+    assert {k: s["seeds"] for k, s in table.items()} == {("llada", "d1"): 2, ("llada", "d1:control"): 1}
+    assert not (tmp_path / "llada-d1-seed2").exists() and not (tmp_path / "llada-wd1-seed0").exists()
 
 
 def test_the_generation_length_comes_from_the_tasks_answers_and_a_shorter_one_is_refused():

@@ -18,7 +18,8 @@ value model (tracerl). Variants combine: ``tracerl:value:control``. The generati
 reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
 signal) stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
-in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new.
+in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new;
+``--finished-only`` tabulates what a folder holds so far (each row with the seeds that finished) and runs nothing.
 """
 
 import json
@@ -132,6 +133,7 @@ class Lab:
     threads: int = 1  # torch threads (1: the same numbers on any core count)
     output_dir: str = "outputs/lab"  # shared start, runs (each reused when rerun) and comparison.{md,json,png}
     allow_no_signal: bool = False  # run RL from a start that scores 0 or 1 (no learning signal): a smoke test only
+    finished_only: bool = False  # tabulate the runs of output_dir that finished (seeds with a result.json); run none
 
     def __post_init__(self):
         needed = answer_length(self.task, self.families)
@@ -279,9 +281,13 @@ class PeakMemory:
             self.thread.join()
 
 
+def run_folder(out: Path, family: str, spec: str, seed: int) -> Path:
+    return out / f"{family}-{spec.replace(':', '-')}-seed{seed}"
+
+
 def run_one(spec: str, family: str, seed: int, start: str, before: dict, lab: Lab, out: Path) -> dict:
     """One RL run and its measures; kept in ``<run folder>/result.json``, which a rerun of the lab reuses."""
-    folder = out / f"{family}-{spec.replace(':', '-')}-seed{seed}"
+    folder = run_folder(out, family, spec, seed)
     if (folder / "result.json").exists():
         return json.loads((folder / "result.json").read_text())
     args = rl_args(spec, start, str(folder), seed, lab)
@@ -396,13 +402,20 @@ def main(lab: Lab) -> dict:
     check_settings(lab, out)
     results, raw, t0 = {}, {}, time.perf_counter()
     for family in lab.families:
-        start = sft_start(family, lab, out)
-        before = measure(start, lab)
-        check_signal(before, family, lab)
+        if not lab.finished_only:
+            start = sft_start(family, lab, out)
+            before = measure(start, lab)
+            check_signal(before, family, lab)
         for spec in expand(lab.algos):
             if not supported(spec, family):
                 continue
-            runs = [run_one(spec, family, seed, start, before, lab, out) for seed in lab.seeds]
+            if lab.finished_only:
+                found = [run_folder(out, family, spec, seed) / "result.json" for seed in lab.seeds]
+                runs = [json.loads(path.read_text()) for path in found if path.exists()]
+                if not runs:
+                    continue
+            else:
+                runs = [run_one(spec, family, seed, start, before, lab, out) for seed in lab.seeds]
             raw[f"{family}/{spec}"], results[(family, spec)] = runs, summarise(runs)
             print(table({(family, spec): results[(family, spec)]}).splitlines()[-1], flush=True)
     text = (f"## {lab.task}: {lab.questions} held-out questions x {lab.samples} samples (T = 1), {lab.rollouts} "
