@@ -109,8 +109,8 @@ class Family:
           BD3LM attention rules and the logits of the noisy half are returned; with ``keep`` the noisy copy of the
           blocks before every kept row's block (the prompt's, in RL scoring) is left out of the call: nothing kept
           reads it (``masks.unread_noisy_columns``). ``clean_cache`` (from ``clean_cache``, for the same rows and
-          clean ids): only the noisy half is fed, against the clean half's cached keys and values (no-grad scoring
-          of several draws of one batch computes the clean half once).
+          clean ids): only the noisy half is fed, against the clean half's cached keys and values (the estimators
+          score every draw this way; no-grad scoring of several draws of one batch shares one clean pass).
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
