@@ -71,6 +71,12 @@ def rollout_attention(family, prompt_mask: torch.Tensor, completion_mask: torch.
     return torch.cat([prompt_mask, tail], dim=1).long()
 
 
+def batch_attention(family, batch) -> torch.Tensor:
+    """Attention over ``prompt ‖ completion``: the batch's own ``attention_mask``, else as the sampler saw it."""
+    attention = batch.get("attention_mask")
+    return rollout_attention(family, batch["prompt_mask"], batch["completion_mask"]) if attention is None else attention
+
+
 def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float = 1.0, banned: tuple = (),
                  positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                  clean_cache=None) -> Estimate:
@@ -103,9 +109,7 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
     """``Family.logits`` of the completion positions (all, or the completion indices ``positions``) of the noisy
     ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
-    attention = batch.get("attention_mask")
-    if attention is None:
-        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    attention = batch_attention(family, batch)
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
     if family.is_block_diffusion:
@@ -128,9 +132,7 @@ def shared_clean(model, family, batch, draws: int):
     where the family (its wrapper, activation checkpointing in training mode) keeps the one-call layout."""
     if draws < 2 or torch.is_grad_enabled() or not family.is_block_diffusion or family.noise != "mask":
         return None
-    attention = batch.get("attention_mask")
-    if attention is None:
-        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    attention = batch_attention(family, batch)
     clean = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     _, clean, attention = whole_blocks(family, clean, clean, attention)
     return family.clean_cache(model, clean, attention)
@@ -172,9 +174,7 @@ def canvas_logits(model, family, batch, noisy: torch.Tensor) -> torch.Tensor:
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
     n, width_p, width_r = len(prompt), prompt.shape[1], completion.shape[1]
     width = canvas_width(family, width_r)
-    attention = batch.get("attention_mask")
-    if attention is None:
-        attention = rollout_attention(family, batch["prompt_mask"], batch["completion_mask"])
+    attention = batch_attention(family, batch)
     length = attention[:, width_p:].sum(-1)
     cols = torch.arange(width, device=prompt.device)[None]
     canvases = cols < (family.block_size * -(-length // family.block_size))[:, None]

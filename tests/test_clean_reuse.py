@@ -3,12 +3,13 @@ the same values as scoring each draw in the whole layout, fewer columns fed, and
 
 import pytest
 import torch
-from conftest import BLOCK_FAMILIES
+from conftest import BLOCK_FAMILIES, ROOT, load_script
 
 from dare.likelihood import BlockElbo, MCElbo, MeanField, Sandwich, SequenceElbo, Trajectory, shared_clean
 from dare.models import Family, tiny
 from dare.packing import PackedFamily
 
+FedCounter = load_script(ROOT / "bench" / "_common.py", "dare_bench_common").FedCounter  # columns fed, summed
 ESTIMATORS = {"mc": MCElbo(samples=4), "block": BlockElbo(samples=3), "sequence": SequenceElbo(samples=2),
               "sandwich": Sandwich(samples=3), "trajectory": Trajectory(steps=4)}
 
@@ -31,17 +32,6 @@ def rollout(family_name, seed=0):
                         "completion_mask": completion_mask, "loss_mask": completion_mask, "steps": steps}
 
 
-class Fed:
-    """Columns fed to the model, summed over its calls."""
-
-    def __init__(self, model):
-        self.columns = 0
-        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
-
-    def __call__(self, module, args, kwargs):
-        self.columns += kwargs["input_ids"].shape[1]
-
-
 class Unshared:
     """The family with the clean half's cache refused: every draw in the whole ``[x_t ‖ x_0]`` layout (as before)."""
 
@@ -62,14 +52,14 @@ def test_shared_clean_half_gives_each_draws_values_and_feeds_fewer_columns(famil
     est = ESTIMATORS[name]
     noise = est.corrupt(fam, batch, torch.Generator().manual_seed(1))
     with torch.no_grad():
-        fed = Fed(model)
+        fed = FedCounter(model)
         alone = est.score(model, Unshared(fam), batch, noise).logp
-        columns_alone, fed.columns = fed.columns, 0
+        columns_alone, fed.positions = fed.positions, 0
         shared = est.score(model, fam, batch, noise).logp
         fed.handle.remove()
     assert shared.shape == alone.shape
     assert torch.allclose(shared, alone, rtol=1e-6, atol=1e-6), (shared - alone).abs().max()  # float sum order
-    assert fed.columns < columns_alone, (fed.columns, columns_alone)
+    assert fed.positions < columns_alone, (fed.positions, columns_alone)
 
 
 def test_no_sharing_for_one_draw_a_graph_packed_rows_or_masked_families():
