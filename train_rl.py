@@ -52,6 +52,9 @@ class Args:
     rollout_engine: str = "hf"
     validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
     rollout_batch_size: int = 64  # completions the engine decodes together
+    # sync: decode each batch with the policy it trains | ahead: decode the next batch on a copy of the policy while
+    # this one trains (one cycle off-policy; the ratio's old log-probs from the copy: dare/trainers/rollout_modes.py)
+    rollout_mode: Literal["sync", "ahead"] = "sync"
     # DAPO's dynamic sampling: roll out this many more prompts (a fraction of the step's) and train on the groups
     # whose rewards differ, as many as the step holds (0: off; logged: rollout/groups_dropped, groups_without_signal)
     dynamic_sampling: float = 0.0
@@ -170,6 +173,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     from dare.models.loading import max_positions
     from dare.rewards.routing import RewardRouter
     from dare.trainers.rl import DiffusionRLTrainer
+    from dare.trainers.rollout_modes import get_rollout_mode
 
     algo, engine, positions = args.algo_config, get_engine(args.rollout_engine), max_positions(config)
     rewards = RewardRouter(args.rewards)
@@ -188,6 +192,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
         validation = check_decoding(engine, validation, family, "validation", longest_eval, positions)
     server = engine.server(args.model, tokenizer, family, options=engine_options(args, engine.name),
                            max_batch_size=args.rollout_batch_size)  # its checks run before the weights load
+    get_rollout_mode(args.rollout_mode).check(args, server)
     training_args = training_arguments(args, evaluation is not None and args.eval_steps > 0)
     training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch_shape(
         args, training_args.world_size, algo.streams(family, sampling))
@@ -197,7 +202,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
                    rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
                    log_completions=args.log_completions, console=args.console,
                    sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server,
-                   dynamic_sampling=args.dynamic_sampling)
+                   dynamic_sampling=args.dynamic_sampling, rollout_mode=args.rollout_mode)
 
 
 def preference(args: Args, config, tokenizer, family) -> partial:

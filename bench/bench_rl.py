@@ -7,10 +7,14 @@ step; or a confidence threshold), and the dual cache with dInfer's vicinity refr
     python bench/bench_rl.py --families llada dream sdar llada2 --gen-length 128 --hidden 256
     python bench/bench_rl.py --model outputs/quickstart/sft   # a trained model (thresholds then commit in parallel)
     python bench/bench_rl.py --model outputs/standin-llada --task cycle --prompts 4 --generations 4 --gen-length 128
+    python bench/bench_rl.py --families llada --variants cache --modes sync ahead --threads 1   # decode ahead
 
 Each (family, variant) trains ``--warmup + --steps`` steps of train_rl.py in a forked child on generated
 arithmetic prompts (the math reward); the table shows medians over the timed steps. ``step s`` = rollout + reward
 + old-log-prob pass + train (forward/backward of every micro-batch); the optimiser step is inside ``train s``.
+``wall s`` is the step's measured wall time (everything, ``time/cycle``); ``wait s`` the trainer's wait for a rollout
+decoded ahead (``--modes ahead``: the next batch decodes on a copy of the policy in a background thread while this
+one trains, so with a core free for it ``wall s`` drops toward the larger of rollout and train).
 Random tiny models are never confident, so threshold decoding commits one token per step there (use ``--model``).
 """
 
@@ -39,10 +43,11 @@ VARIANTS = {  # name -> (cache for masked families, cache for block families, to
     "dual + threshold 0.9": ("dual", None, 1, 0.9, 0),
     "dual + vicinity 16 + threshold 0.9": ("dual", None, 1, 0.9, 16),
 }
-KEYS = ("time/rollout", "time/reward", "time/old_ref_logp", "time/train", "rollout/tokens_per_s", "rollout/nfe")
+KEYS = ("time/rollout", "time/reward", "time/old_ref_logp", "time/train", "rollout/tokens_per_s", "rollout/nfe",
+        "time/cycle", "time/rollout_wait")
 
 
-def run(args, model, block, variant, data, queue):
+def run(args, model, block, variant, mode, data, queue):
     torch.set_num_threads(args.threads)
     masked_cache, block_cache, per_step, threshold, vicinity = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as out:
@@ -50,7 +55,7 @@ def run(args, model, block, variant, data, queue):
                                       prompts_per_step=args.prompts, num_generations=args.generations,
                                       micro_batch_size=args.micro_batch, save_steps=10 ** 6, learning_rate=1e-5,
                                       logging_steps=1, log_completions=0,
-                                      rollout_batch_size=args.prompts * args.generations)
+                                      rollout_batch_size=args.prompts * args.generations, rollout_mode=mode)
         a.data.path = data
         a.rollout.gen_length, a.rollout.temperature = args.gen_length, 1.0
         a.rollout.cache = block_cache if block else masked_cache
@@ -59,7 +64,7 @@ def run(args, model, block, variant, data, queue):
         a.rollout.threshold, a.rollout.vicinity = threshold, vicinity
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             logs = [h for h in train_rl.main(a).state.log_history if "loss" in h][args.warmup:]
-    queue.put({k: statistics.median(float(h[k]) for h in logs) for k in KEYS})
+    queue.put({k: statistics.median(float(h.get(k, 0.0)) for h in logs) for k in KEYS})
 
 
 def main():
@@ -76,6 +81,9 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                    help=f"decoding variants to time (default all: {', '.join(VARIANTS)})")
+    p.add_argument("--modes", nargs="+", default=["sync"], choices=["sync", "ahead"],
+                   help="rollout modes (train_rl.py --rollout-mode): sync, and ahead (the next batch decodes in the "
+                        "background while this one trains)")
     p.add_argument("--task", default="arithmetic", help="generated task of the prompts (a --model's own: e.g. cycle "
                                                           "for the stand-ins of recipes/standin)")
     args = p.parse_args()
@@ -85,19 +93,22 @@ def main():
             f: save_tiny(f, f"{tmp}/{f}", **hidden_override(f, args.hidden)) for f in args.families}
         print(f"d1 step: {args.prompts} prompts x {args.generations} completions, {args.gen_length} tokens, "
               f"micro-batch {args.micro_batch}, median of {args.steps} steps, {args.threads} thread(s)\n")
-        print("| model | decoding | rollout s | reward s | old logp s | train s | step s | rollout tok/s | NFE |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| model | decoding | mode | rollout s | reward s | old logp s | train s | step s | wall s | wait s | "
+              "rollout tok/s | NFE |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, model in models.items():
             from dare.models import load_pretrained
             block = load_pretrained(model)[2].block_size
             for variant, (masked_cache, block_cache, *_) in VARIANTS.items():
                 if (block_cache if block else masked_cache) is None or variant not in args.variants:
                     continue
-                r = in_child(run, args, model, block, variant, data)
-                step = r["time/rollout"] + r["time/reward"] + r["time/old_ref_logp"] + r["time/train"]
-                print(f"| {name} | {variant} | {r['time/rollout']:.3f} | {r['time/reward']:.3f} | "
-                      f"{r['time/old_ref_logp']:.3f} | {r['time/train']:.3f} | {step:.3f} | "
-                      f"{r['rollout/tokens_per_s']:.0f} | {r['rollout/nfe']:.0f} |", flush=True)
+                for mode in args.modes:
+                    r = in_child(run, args, model, block, variant, mode, data)
+                    step = r["time/rollout"] + r["time/reward"] + r["time/old_ref_logp"] + r["time/train"]
+                    print(f"| {name} | {variant} | {mode} | {r['time/rollout']:.3f} | {r['time/reward']:.3f} | "
+                          f"{r['time/old_ref_logp']:.3f} | {r['time/train']:.3f} | {step:.3f} | "
+                          f"{r['time/cycle']:.3f} | {r['time/rollout_wait']:.3f} | {r['rollout/tokens_per_s']:.0f} | "
+                          f"{r['rollout/nfe']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

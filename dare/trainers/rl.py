@@ -21,6 +21,7 @@ import os
 import time
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import gather_object
@@ -33,6 +34,7 @@ from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
 from .reference import frozen_copy, reference
+from .rollout_modes import get_rollout_mode
 from .validation import eval_policy, generation_metrics
 from .value import ValueModelTraining
 
@@ -63,14 +65,34 @@ class RepeatSampler(Sampler):
     def set_epoch(self, epoch: int):
         self.epoch = epoch
 
+    def order(self, epoch: int) -> list[int]:
+        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+
     def __iter__(self):
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        order = self.order(self.epoch)
         for start in range(0, self.size - self.prompts_per_step + 1, self.prompts_per_step):
             for _ in range(self.repeat):
                 yield from order[start:start + self.prompts_per_step]
 
+    def prompts_of(self, step: int) -> list[int]:
+        """The prompts (all ranks) of the run's ``step``-th block, counted over epochs."""
+        epoch, start = divmod(step, self.size // self.prompts_per_step)
+        return self.order(epoch)[start * self.prompts_per_step:(start + 1) * self.prompts_per_step]
+
     def __len__(self):
         return self.size // self.prompts_per_step * self.prompts_per_step * self.repeat
+
+
+@dataclass
+class Decoded:
+    """One rollout batch as decoded and rewarded (``rows``: its data rows, one per completion, prompt-major)."""
+
+    rollout: object
+    rows: list[dict]
+    results: list
+    version: int  # the optimiser step whose weights decoded it
+    seconds: tuple[float, float]  # decoding, reward
+    dropped: tuple[int, int] | None = None  # dynamic sampling: groups dropped, groups kept without a reward spread
 
 
 class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, ShardedTraining, Trainer):
@@ -78,7 +100,8 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
     the ``prompts x num_generations`` completions are split into, times the algorithm's streams. ``completions.jsonl``
     numbers each rollout by the optimiser step it is made for (the first, with inner iterations): the step whose log
     holds its rewards. The algorithm, its rollout decoding (``sampling``, as ``rollout_sampling`` returned it), the
-    engine server and the batch shape come checked (``train_rl.py``, before any weights load)."""
+    engine server and the batch shape come checked (``train_rl.py``, before any weights load). ``rollout_mode``:
+    when rollouts decode (``dare/trainers/rollout_modes.py``: ``sync``, or ``ahead`` of training on a copy)."""
 
     jsonl_logs = ("completions.jsonl",)  # trimmed to the resumed step (dare/trainers/logs.py)
 
@@ -86,7 +109,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
                  console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0,
-                 dynamic_sampling: float = 0.0):
+                 dynamic_sampling: float = 0.0, rollout_mode: str = "sync"):
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
@@ -104,12 +127,21 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         self.ref_model = frozen_copy(self) if algorithm.needs_reference and not lora else None
         self.make_value_model(algorithm, family)  # when the algorithm declares one (dare/trainers/value.py)
         self._buffer, self._micro, self._meters = [], 0, defaultdict(lambda: [0.0, 0.0, 0.0])
+        self._cycle_start = None
+        self.rollouts = get_rollout_mode(rollout_mode)(self)
 
     # -- data ---------------------------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):
         repeat = self.args.gradient_accumulation_steps * self.algorithm.cycle
         return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.data_parallel[1],
                              repeat, self.args.seed)
+
+    def rows_of(self, index: int) -> list[dict]:
+        """This process's training rows of rollout ``index``: what the data loader will give (accelerate deals each
+        process its consecutive slice of the step's prompts)."""
+        share, rank = self.args.per_device_train_batch_size, self.data_parallel[0]
+        prompts = self._get_train_sampler().prompts_of(index)[rank * share:(rank + 1) * share]
+        return [self.train_dataset[i] for i in prompts]
 
     def _micro_batch(self, rows):
         """The buffered micro-batch and stream for this call; the first call of a cycle rolls out the whole batch."""
@@ -130,29 +162,43 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         return 0
 
     # -- one rollout batch --------------------------------------------------------------------------------------
-    def _rollout_batch(self, rows: list[dict]) -> list[dict]:
-        algo, family, G = self.algorithm, self.family, self.num_generations
-        index = self.state.global_step // algo.cycle
+    def decode(self, policy, rows: list[dict], index: int, version: int) -> Decoded:
+        """Rollout batch ``index`` of ``rows`` decoded by ``policy`` (the weights of optimiser step ``version``) and
+        rewarded (with dynamic sampling, cut to the groups that train). Thread-safe: it records no metric."""
+        algo, G = self.algorithm, self.num_generations
         start = time.perf_counter()
         extra = self._refill_rows(len(rows), index) if self.dynamic_sampling else []
         expanded = [r for r in rows + extra for _ in range(G)]
         score = self._scorer(expanded, G)
-        with eval_policy(self) as policy, self.compute_loss_context_manager(), \
-                self.engine.serving(policy, self.state.global_step) as engine:
+        with self.compute_loss_context_manager(), self.engine.serving(policy, version) as engine:
             rollout = algo.rollout(engine, [r["prompt"] for r in rows + extra], G, self.sampling,
                                    self._seed("rollout", index), rows=rows + extra, score=score)
         rolled = time.perf_counter()
         results = score(rollout.texts, range(len(expanded)))
+        dropped = None
+        if extra:  # dynamic sampling: the groups with a reward spread first, as many as the batch holds
+            scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+            groups, flat = signal_groups(scores, G, len(rows))
+            dropped = (sum(g not in groups for g in range(len(rows))), flat)
+            picks = [g * G + k for g in groups for k in range(G)]
+            rollout = rollout.select(picks)
+            expanded, results = [expanded[i] for i in picks], [results[i] for i in picks]
+        return Decoded(rollout, expanded, results, version, (rolled - start, time.perf_counter() - rolled), dropped)
+
+    def _rollout_batch(self, rows: list[dict]) -> list[dict]:
+        algo, family, G = self.algorithm, self.family, self.num_generations
+        index, now = self.state.global_step // algo.cycle, time.perf_counter()
+        if self._cycle_start is not None:  # the previous cycle's wall time, everything included
+            self._add("time/cycle", now - self._cycle_start)
+        self._cycle_start = now
+        decoded = self.rollouts.take(rows, index)
+        rollout, expanded, results = decoded.rollout, decoded.rows, decoded.results
         scored = time.perf_counter()
         device = rollout.completion_ids.device
         scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
-        if extra:  # dynamic sampling: the groups with a reward spread first, as many as the batch holds
-            groups, flat = signal_groups(scores, G, len(rows))
-            self._add("rollout/groups_dropped", sum(g not in groups for g in range(len(rows))))
-            self._add("rollout/groups_without_signal", flat)
-            picks = [g * G + k for g in groups for k in range(G)]
-            rollout, scores = rollout.select(picks), scores[picks]
-            expanded, results = [expanded[i] for i in picks], [results[i] for i in picks]
+        if decoded.dropped is not None:
+            self._add("rollout/groups_dropped", decoded.dropped[0])
+            self._add("rollout/groups_without_signal", decoded.dropped[1])
 
         def reward_of(ids: torch.Tensor, picks: list[int]) -> torch.Tensor:
             texts = decode_completions(self.processing_class, family, ids)[1]
@@ -173,14 +219,18 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                 part.setdefault("noise", []).append(piece)
             if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
                 break
-        if algo.needs_old or algo.needs_reference:
-            self._score_old_and_reference(parts)
+        # the ratio's denominator from the policy that decoded: inner steps, or a rollout decoded ahead of training
+        old = algo.needs_old or (self.rollouts.lag > 0 and algo.uses_ratio)
+        if old or algo.needs_reference:
+            self._score_old_and_reference(parts, old)
         algo.after_scoring(parts, G)
         scored_old = time.perf_counter()
+        self.rollouts.next(index)  # ahead: the next batch decodes from here on
         if self.value_model is not None:
             self.fit_value(parts)
             self._add("time/value", time.perf_counter() - scored_old)
-        self._record_rollout(rollout, expanded, results, scores, rolled - start, scored - rolled, scored_old - scored)
+        self._add("rollout/policy_lag", self.state.global_step - decoded.version)
+        self._record_rollout(rollout, expanded, results, scores, *decoded.seconds, scored_old - scored)
         return parts
 
     def _scorer(self, expanded: list[dict], group_size: int):
@@ -206,15 +256,16 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         return [self.train_dataset[i] for i in order[:extra].tolist()]
 
     @torch.no_grad()
-    def _score_old_and_reference(self, parts: list[dict]):
-        """Log-likelihoods under the rollout policy (the "old" policy of every inner iteration) and the reference,
-        on the same noise and micro-batches the gradient passes will use."""
+    def _score_old_and_reference(self, parts: list[dict], old: bool):
+        """Log-likelihoods under the rollout policy (the "old" policy of every inner iteration, ``old``) and the
+        reference, on the same noise and micro-batches the gradient passes will use."""
         algo, family = self.algorithm, self.scoring_family
         with eval_policy(self) as policy, self.compute_loss_context_manager():
+            rolled = self.rollouts.rollout_policy(policy)
             for part in parts:
                 for noise in part["noise"]:
-                    if algo.needs_old:
-                        part.setdefault("old", []).append(algo.score(policy, family, part, noise, self.sampling).logp)
+                    if old:
+                        part.setdefault("old", []).append(algo.score(rolled, family, part, noise, self.sampling).logp)
                     if algo.needs_reference:
                         with reference(self.ref_model, policy) as ref:
                             part.setdefault("ref", []).append(algo.score(ref, family, part, noise, self.sampling).logp)
@@ -304,10 +355,20 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         try:
             return super().train(*args, **kwargs)
         finally:
+            self.rollouts.close()
             self.engine.close()  # an engine server's processes and GPU memory
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        self.rollouts.save(output_dir)  # before the checkpoint is marked complete
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self.rollouts.load(resume_from_checkpoint)
 
     # -- validation ---------------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        self.rollouts.settle()  # the engine serves one policy at a time
         metrics = generation_metrics(self, eval_dataset or self.eval_dataset, self.eval_sampling, self.rewards,
                                      self.reward_workers, self.rollout_batch_size, metric_key_prefix, self.engine)
         self.log(metrics)
