@@ -34,14 +34,15 @@ import train_rl  # noqa: E402
 from dare.data.tasks import write_task
 from dare.models import save_tiny
 
-VARIANTS = {  # name -> (cache for masked families, cache for block families, tokens per step, threshold, vicinity)
+# name -> (cache for masked families, cache for block families, tokens per step, threshold (--threshold), vicinity)
+VARIANTS = {
     "plain": ("none", "none", 1, None, 0),
     "cache": ("prefix", "block", 1, None, 0),
     "dual cache": ("dual", None, 1, None, 0),
     "cache + 4 tok/step": ("prefix", "block", 4, None, 0),
-    "cache + threshold 0.9": ("prefix", "block", 1, 0.9, 0),
-    "dual + threshold 0.9": ("dual", None, 1, 0.9, 0),
-    "dual + vicinity 16 + threshold 0.9": ("dual", None, 1, 0.9, 16),
+    "cache + threshold": ("prefix", "block", 1, True, 0),
+    "dual + threshold": ("dual", None, 1, True, 0),
+    "dual + vicinity 16 + threshold": ("dual", None, 1, True, 16),
 }
 KEYS = ("time/rollout", "time/reward", "time/old_ref_logp", "time/train", "rollout/tokens_per_s", "rollout/nfe",
         "time/cycle", "time/rollout_wait")
@@ -61,7 +62,7 @@ def run(args, model, block, variant, mode, data, queue):
         a.rollout.cache = block_cache if block else masked_cache
         a.rollout.block_length = None if block else min(32, args.gen_length)
         a.rollout.steps = (args.gen_length if not block else block) // per_step
-        a.rollout.threshold, a.rollout.vicinity = threshold, vicinity
+        a.rollout.threshold, a.rollout.vicinity = args.threshold if threshold else None, vicinity
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             logs = [h for h in train_rl.main(a).state.log_history if "loss" in h][args.warmup:]
     queue.put({k: statistics.median(float(h.get(k, 0.0)) for h in logs) for k in KEYS})
@@ -81,6 +82,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                    help=f"decoding variants to time (default all: {', '.join(VARIANTS)})")
+    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of the threshold variants")
     p.add_argument("--modes", nargs="+", default=["sync"], choices=["sync", "ahead"],
                    help="rollout modes (train_rl.py --rollout-mode): sync, and ahead (the next batch decodes in the "
                         "background while this one trains)")
@@ -92,7 +94,8 @@ def main():
         models = {args.model: args.model} if args.model else {
             f: save_tiny(f, f"{tmp}/{f}", **hidden_override(f, args.hidden)) for f in args.families}
         print(f"d1 step: {args.prompts} prompts x {args.generations} completions, {args.gen_length} tokens, "
-              f"micro-batch {args.micro_batch}, median of {args.steps} steps, {args.threads} thread(s)\n")
+              f"micro-batch {args.micro_batch}, threshold {args.threshold:g}, median of {args.steps} steps, "
+              f"{args.threads} thread(s)\n")
         print("| model | decoding | mode | rollout s | reward s | old logp s | train s | step s | wall s | wait s | "
               "rollout tok/s | NFE |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -78,6 +78,9 @@ def test_variants_combine(tmp_path):
     assert a.rewards == ["auto:-1"] and a.max_steps == lab.control_rollouts
     plain = compare.rl_args("tracerl", "tiny:sdar", str(tmp_path / "p"), 0, lab)
     assert plain.algo_config.value.model == "" and plain.rewards != ["auto:-1"]
+    ahead = compare.rl_args("spg:lab:ahead", "tiny:sdar", str(tmp_path / "a"), 0, lab)
+    assert ahead.rollout_mode == "ahead" and ahead.learning_rate == compare.LAB_PROFILES["spg"]["learning_rate"]
+    assert plain.rollout_mode == "sync" and plain.learning_rate == lab.learning_rate
 
 
 def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_path, capsys):

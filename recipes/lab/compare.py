@@ -14,7 +14,8 @@ memory during training (resident set on CPU, allocator peak on CUDA).
 ``algo_config`` and ``rollout`` sections of ``recipes/llada/NAME_math_paper.yaml`` (d1, coupled-grpo, cj-grpo, wd1,
 gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own settings from ``LAB_PROFILES`` (a
 learning rate; dmpo's mean baseline) where the shared ones do not make it learn. ``NAME:value`` runs it with its
-value model (tracerl). Variants combine: ``tracerl:value:control``. The generation length comes from the task's
+value model (tracerl). ``NAME:ahead`` decodes each rollout one cycle ahead of training (``--rollout-mode ahead``).
+Variants combine: ``tracerl:value:control``. The generation length comes from the task's
 reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
 signal) stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
@@ -50,7 +51,9 @@ from dare.eval.lab import held_out, mean_se, mistake_pairs, paired  # noqa: E402
 LAB_PROFILES = {
     "bgpo": {"learning_rate": 3e-4},  # seeds 0-2 at 1e-3: +0.014 / +0.116 / +0.073; seed 0 at 3e-4: +0.095 (13 SE)
     "espo": {"learning_rate": 3e-4},  # seed 2 at 1e-3 +0.025; at 3e-4 +0.087 (11 SE)
-    "spg": {"learning_rate": 3e-4},  # seed 1 at 1e-3 -0.013; at 3e-4 +0.088 (11 SE); collapses at 3e-3
+    # LLaDA's start of wave 3 (0.164), seed 7: 1e-4 +7.6 SE, 3e-5 +5.8 SE (seeds 0-1 at 1e-3 and 2 of 3 at 3e-4
+    # collapse to 0); an older start, seed 1: 1e-3 -0.013, 3e-4 +0.088 (11 SE), collapse at 3e-3
+    "spg": {"learning_rate": 1e-4},
     "ebpo": {"learning_rate": 1e-4},  # SDAR seed 0 at 1e-3 collapses after ~70 rollouts; at 1e-4 +0.140 (18 SE)
     "gdpo": {"learning_rate": 1e-4},  # seed 1: 3e-4 +0.3 SE, 1e-4 +7.0 SE (seed 0 at 1e-3: -4.1 SE)
     # seed 7, training reward over 60 rollouts: the negative-sample baseline collapses at 1e-4 to 1e-3 (alpha 0.1 and
@@ -60,7 +63,7 @@ LAB_PROFILES = {
 }
 
 
-VARIANTS = ("control", "paper", "lab", "value")
+VARIANTS = ("control", "paper", "lab", "value", "ahead")
 
 
 def split_spec(spec: str) -> tuple[str, list[str]]:
@@ -73,7 +76,8 @@ def profile(spec: str) -> dict:
     """The settings a spec's variants change: ``paper``: the ``algo_config`` and ``rollout`` sections of
     ``recipes/llada/<name>_math_paper.yaml`` (the paper's values where DARE's recipe follows the reference
     implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own settings, found by a sweep);
-    ``value``: its value model on (``value.model: policy``, its AdamW at the lab's learning rate)."""
+    ``value``: its value model on (``value.model: policy``, its AdamW at the lab's learning rate); ``ahead``: each
+    rollout decoded one cycle ahead of training (``train_rl.py --rollout-mode ahead``)."""
     name, variants = split_spec(spec)
     out = {}
     for variant in variants:
@@ -87,6 +91,8 @@ def profile(spec: str) -> dict:
                 raise SystemExit(f"no paper profile for {name}: {path} does not exist")
             values = yaml.safe_load(path.read_text())
             found = {k: values.get(k) or {} for k in ("algo_config", "rollout")}
+        elif variant == "ahead":
+            found = {"rollout_mode": "ahead"}
         elif variant == "value":
             if "value" not in get_algorithm(name).__dataclass_fields__:
                 raise SystemExit(f"{name} has no value model (no value field)")
@@ -112,7 +118,8 @@ def set_nested(target, values: dict) -> None:
 class Lab:
     """RL from one SFT start, many algorithms, held-out before/after (see the module docstring)."""
 
-    # NAME, NAME:paper, NAME:lab, NAME:value, NAME:control, combined as NAME:v1:v2; all = every algorithm and d1:control
+    # NAME, NAME:paper, NAME:lab, NAME:value, NAME:ahead, NAME:control, combined as NAME:v1:v2; all = every algorithm
+    # and d1:control
     algos: list[str] = field(default_factory=lambda: ["d1", "d1:control"])
     families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # RL seeds per algorithm (one shared SFT start)
@@ -211,8 +218,8 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
     if lab.num_iterations is not None and hasattr(a.algo_config, "num_iterations"):
         a.algo_config.num_iterations = lab.num_iterations
     for section, values in profile(spec).items():
-        if section == "learning_rate":
-            a.learning_rate = values
+        if not isinstance(values, dict):  # a top-level setting (learning_rate, rollout_mode)
+            setattr(a, section, values)
             continue
         set_nested(getattr(a, section), values)
     cycle = getattr(a.algo_config, "cycle", 1)  # optimiser steps per rollout batch
@@ -316,7 +323,8 @@ def expand(algos: list[str]) -> list[str]:
     if unknown:
         raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants (combined as "
                          "NAME:v1:v2): NAME:paper (where recipes/llada/NAME_math_paper.yaml exists), NAME:lab "
-                         "(LAB_PROFILES in this script), NAME:value (its value model) and NAME:control")
+                         "(LAB_PROFILES in this script), NAME:value (its value model), NAME:ahead (rollouts decoded "
+                         "one cycle ahead of training) and NAME:control")
     for spec in algos:
         profile(spec)  # a missing paper profile fails before anything runs
     return algos
