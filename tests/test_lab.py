@@ -81,6 +81,10 @@ def test_variants_combine(tmp_path):
     ahead = compare.rl_args("spg:lab:ahead", "tiny:sdar", str(tmp_path / "a"), 0, lab)
     assert ahead.rollout_mode == "ahead" and ahead.learning_rate == compare.LAB_PROFILES["spg"]["learning_rate"]
     assert plain.rollout_mode == "sync" and plain.learning_rate == lab.learning_rate
+    # a profile per family: VRPO's offline rate
+    vrpo = {f: compare.rl_args("vrpo:lab", "tiny:sdar", str(tmp_path / f), 0, lab, f).learning_rate for f in
+            ("llada", "sdar", "dream")}
+    assert vrpo == {"llada": 3e-4, "sdar": 3e-5, "dream": lab.offline_learning_rate}
 
 
 def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_path, capsys):

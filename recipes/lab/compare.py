@@ -54,12 +54,19 @@ LAB_PROFILES = {
     # LLaDA's start of wave 3 (0.164), seed 7: 1e-4 +7.6 SE, 3e-5 +5.8 SE (seeds 0-1 at 1e-3 and 2 of 3 at 3e-4
     # collapse to 0); an older start, seed 1: 1e-3 -0.013, 3e-4 +0.088 (11 SE), collapse at 3e-3
     "spg": {"learning_rate": 1e-4},
+    # the wave-3 LLaDA start (0.164) at 1e-3: seeds 0 and 2 +9.8 / +10.1 SE, seed 1 collapses (-17.3 SE); seed 7 at
+    # 3e-4: +7.0 SE
+    "coupled-grpo": {"learning_rate": 3e-4},
+    "cj-grpo": {"learning_rate": 3e-4},  # the same start at 1e-3: seed 0 +13.2 SE, seed 1 -6.7 SE
     "ebpo": {"learning_rate": 1e-4},  # SDAR seed 0 at 1e-3 collapses after ~70 rollouts; at 1e-4 +0.140 (18 SE)
     "gdpo": {"learning_rate": 1e-4},  # seed 1: 3e-4 +0.3 SE, 1e-4 +7.0 SE (seed 0 at 1e-3: -4.1 SE)
     # seed 7, training reward over 60 rollouts: the negative-sample baseline collapses at 1e-4 to 1e-3 (alpha 0.1 and
     # 1, either tilt: 0.18 -> 0.05-0.11; held-out at 1e-4 -3.1 SE); the mean baseline holds and rises at 1e-3 (0.197
     # -> 0.223), dips at 3e-3 and collapses at 1e-2
     "dmpo": {"algo_config": {"baseline": "mean"}},
+    # offline (its learning rate is the offline one), per family; seed 7 from the wave-3 starts: LLaDA 1e-4 (seeds
+    # 0-2) +0.8 to +1.9 SE, 3e-4 +3.0 SE; SDAR 3e-4 -7.3 SE, 1e-4 -0.4 SE (seeds 0-1), 3e-5 +6.9 SE
+    "vrpo": {"families": {"llada": {"learning_rate": 3e-4}, "sdar": {"learning_rate": 3e-5}}},
 }
 
 
@@ -72,10 +79,11 @@ def split_spec(spec: str) -> tuple[str, list[str]]:
     return name, variants
 
 
-def profile(spec: str) -> dict:
+def profile(spec: str, family: str | None = None) -> dict:
     """The settings a spec's variants change: ``paper``: the ``algo_config`` and ``rollout`` sections of
     ``recipes/llada/<name>_math_paper.yaml`` (the paper's values where DARE's recipe follows the reference
-    implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own settings, found by a sweep);
+    implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own settings, found by a sweep; those
+    under ``families`` for ``family`` only);
     ``value``: its value model on (``value.model: policy``, its AdamW at the lab's learning rate); ``ahead``: each
     rollout decoded one cycle ahead of training (``train_rl.py --rollout-mode ahead``)."""
     name, variants = split_spec(spec)
@@ -84,7 +92,8 @@ def profile(spec: str) -> dict:
         if variant == "lab":
             if name not in LAB_PROFILES:
                 raise SystemExit(f"no lab profile for {name}: LAB_PROFILES has {sorted(LAB_PROFILES)}")
-            found = LAB_PROFILES[name]
+            entry = LAB_PROFILES[name]
+            found = {k: v for k, v in entry.items() if k != "families"} | entry.get("families", {}).get(family, {})
         elif variant == "paper":
             path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
             if not path.exists():
@@ -205,8 +214,8 @@ def sft_start(family: str, lab: Lab, out: Path) -> str:
     return str(folder) if (folder / "model.safetensors").exists() else sft(family, lab, folder)
 
 
-def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
-    """train_rl.py's arguments for ``NAME[:paper|:control]`` from ``start``."""
+def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab, family: str | None = None):
+    """train_rl.py's arguments for ``NAME[:variant]...`` from ``start`` (a model of ``family``: its lab profile)."""
     name, variants = split_spec(spec)
     control = "control" in variants
     a = train_rl.args_class(name)(model=start, output_dir=out, seed=seed, prompts_per_step=lab.prompts_per_step,
@@ -217,7 +226,9 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
         a.algo_config.p_prompt = lab.prompt_masking
     if lab.num_iterations is not None and hasattr(a.algo_config, "num_iterations"):
         a.algo_config.num_iterations = lab.num_iterations
-    for section, values in profile(spec).items():
+    if a.algo_config.trainer == "preference":
+        a.learning_rate = lab.offline_learning_rate
+    for section, values in profile(spec, family).items():
         if not isinstance(values, dict):  # a top-level setting (learning_rate, rollout_mode)
             setattr(a, section, values)
             continue
@@ -233,7 +244,6 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab):
         pairs = lab.rollouts * lab.prompts_per_step
         a.preference.path = mistakes(start, lab, Path(out).parent / "data", pairs)
         a.preference.limit, a.micro_batch_size, a.preference.swap = pairs, 32, control
-        a.learning_rate = lab.offline_learning_rate
     return a
 
 
@@ -297,7 +307,7 @@ def run_one(spec: str, family: str, seed: int, start: str, before: dict, lab: La
     folder = run_folder(out, family, spec, seed)
     if (folder / "result.json").exists():
         return json.loads((folder / "result.json").read_text())
-    args = rl_args(spec, start, str(folder), seed, lab)
+    args = rl_args(spec, start, str(folder), seed, lab, family)
     t0 = time.perf_counter()
     with ForwardCounter() as forwards, PeakMemory() as memory:
         history = train_rl.main(args).state.log_history

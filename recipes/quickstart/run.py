@@ -82,7 +82,7 @@ def main(args: Args) -> dict:
                        questions=args.questions, samples=args.samples)
     start = lab.sft(args.family, settings, out / "sft")  # the comparison lab's SFT and RL settings
     before = lab.measure(start, settings)
-    rl = lab.rl_args(args.algo, start, str(out / "rl"), 42, settings)
+    rl = lab.rl_args(args.algo, start, str(out / "rl"), 42, settings, args.family)
     rl.log_completions = 2
     offline = rl.algo_config.trainer == "preference"
     history = train_rl.main(rl).state.log_history
