@@ -9,9 +9,11 @@ import time
 
 import pytest
 import torch
+from test_algo_contract import knobs
 from test_train_rl import data, history, rl_args, weights  # noqa: F401
 
 import train_rl
+from dare.algos import get_algorithm
 from dare.engines import HFEngine
 from dare.engines.base import weights_digest
 from dare.models import load_pretrained
@@ -102,6 +104,19 @@ def test_the_next_batch_decodes_while_this_one_trains(data, tmp_path, monkeypatc
     train_rl.main(rl_args(data, tmp_path, max_steps=4, save_steps=4, rollout_mode="ahead"))
     assert started[0][1] and not any(started[k][1] for k in (1, 2, 3))  # rollout 0 in the trainer, then behind it
     assert all(started[k + 1][0] < trained[k] for k in range(3))
+
+
+@pytest.mark.parametrize("algo", ["cj-grpo", "bgpo", "wd1"])
+def test_every_kind_of_algorithm_trains_ahead(algo, data, tmp_path):  # noqa: F811
+    """A trajectory replay (streams per group), a sequence-level ELBO ratio, a ratio-free loss: the second step trains
+    on a rollout of the step before, and where there is a ratio it is no longer 1."""
+    trainer = train_rl.main(rl_args(data, tmp_path, algo=algo, rollout_mode="ahead", **knobs(algo)))
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["rollout/policy_lag"] for h in logs] == [0, 1]
+    if get_algorithm(algo).uses_ratio:
+        assert logs[0]["ratio"] == 1.0 and logs[1]["ratio"] != 1.0
+    else:
+        assert "ratio" not in logs[1]
 
 
 def test_ahead_is_refused_where_it_cannot_run(data, tmp_path, monkeypatch):  # noqa: F811
