@@ -17,7 +17,7 @@ from dare.algos import get_algorithm
 from dare.engines import HFEngine
 from dare.engines.base import weights_digest
 from dare.models import load_pretrained
-from dare.trainers.rl import DiffusionRLTrainer
+from dare.trainers.rl import DiffusionRLTrainer, RepeatSampler
 from dare.trainers.rollout_modes import WEIGHTS, OneStepAhead
 
 
@@ -125,3 +125,14 @@ def test_ahead_is_refused_where_it_cannot_run(data, tmp_path, monkeypatch):  # n
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ValueError, match="not FSDP or DeepSpeed"):
         train_rl.main(rl_args(data, tmp_path, rollout_mode="ahead"))
+
+
+def test_the_prefetched_prompts_are_the_ones_the_sampler_yields_over_epochs():
+    sampler, yielded = RepeatSampler(10, 3, 2, seed=5), []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        yielded += [order[i:i + 3] for i in range(0, len(order), 6)]  # each block twice in a row
+        assert all(order[i:i + 3] == order[i + 3:i + 6] for i in range(0, len(order), 6))
+    assert yielded == [sampler.prompts_of(step) for step in range(9)]  # 3 blocks per epoch of 10 prompts
+    assert yielded[0] != yielded[3]  # a new epoch, a new order
