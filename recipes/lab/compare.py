@@ -64,9 +64,10 @@ LAB_PROFILES = {
     # 1, either tilt: 0.18 -> 0.05-0.11; held-out at 1e-4 -3.1 SE); the mean baseline holds and rises at 1e-3 (0.197
     # -> 0.223), dips at 3e-3 and collapses at 1e-2
     "dmpo": {"algo_config": {"baseline": "mean"}},
-    # offline (its learning rate is the offline one), per family; seed 7 from the wave-3 starts: LLaDA 1e-4 (seeds
-    # 0-2) +0.8 to +1.9 SE, 3e-4 +3.0 SE; SDAR 3e-4 -7.3 SE, 1e-4 -0.4 SE (seeds 0-1), 3e-5 +6.9 SE
-    "vrpo": {"families": {"llada": {"learning_rate": 3e-4}, "sdar": {"learning_rate": 3e-5}}},
+    # offline (its learning rate is the offline one), per family, from the wave-3 starts. SDAR, seed 7: 3e-4 -7.3 SE,
+    # 3e-5 +6.9 SE (1e-4, seeds 0-2: -1.2 SE). LLaDA keeps 1e-4 (seeds 0-2: +2.1 SE): 3e-4, +3.0 SE on seed 7, gave
+    # -0.3 / -0.5 / -5.8 SE on seeds 0-2
+    "vrpo": {"families": {"sdar": {"learning_rate": 3e-5}}},
 }
 
 
