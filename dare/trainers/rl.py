@@ -29,7 +29,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer
 
 from ..engines import InProcessEngine
-from ..engines.base import decode_completions
+from ..engines.base import Rollout, decode_completions
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -87,7 +87,7 @@ class RepeatSampler(Sampler):
 class Decoded:
     """One rollout batch as decoded and rewarded (``rows``: its data rows, one per completion, prompt-major)."""
 
-    rollout: object
+    rollout: Rollout
     rows: list[dict]
     results: list
     version: int  # the optimiser step whose weights decoded it

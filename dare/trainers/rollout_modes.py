@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from safetensors.torch import load_model, save_model
 
+from .distributed import env_flag
 from .validation import eval_policy
 
 WEIGHTS, VERSION = "rollout_policy.safetensors", "rollout_policy.json"
@@ -83,7 +84,6 @@ class OneStepAhead(OnPolicy):
 
     @staticmethod
     def check(args, engine_server) -> None:
-        from .distributed import env_flag
         if env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"):
             raise ValueError("--rollout-mode ahead keeps a whole copy of the policy on each process: use one process "
                              "or DDP (not FSDP or DeepSpeed)")
