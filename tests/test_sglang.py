@@ -9,6 +9,7 @@ The real engine is tested in tests/test_sglang_real.py, in SGLang's own environm
 import copy
 import functools
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,9 +17,10 @@ import torch
 from dare.algos import get_algorithm, known
 from dare.engines import HFEngine, check_decoding, get_engine
 from dare.engines.sglang import SGLangEngine, SGLangOptions, SGLangServer, requests, server_args, to_rollout
-from dare.engines.sglang_plugin import block_step, request_knobs
+from dare.engines.sglang_plugin import STEPS_KEY, attach_steps, block_step, request_knobs
 from dare.models import Family, tiny
 from dare.sampling import SamplingConfig
+from dare.sampling.config import plan_block
 
 PROMPTS = [[{"role": "user", "content": "What is 12 plus 30?"}], [{"role": "user", "content": "Hi"}],
            [{"role": "user", "content": "Count to five, please, slowly."}]]
@@ -31,12 +33,15 @@ def parts(name: str):
     return model, tok, Family.from_pretrained(model.config, tok)
 
 
-def scheduler_loop(model, family, prompt_ids: list[int], config, seed: int) -> list[int]:
+def scheduler_loop(model, family, prompt_ids: list[int], config, seed: int, records: list | None = None) -> list[int]:
     """SGLang's dLLM contract for one request: the canvas grows a block of masks at a time (blocks aligned to position
     0, the prompt's tail inside the first one), each forward's logits go to ``block_step``, the block is emitted once a
-    step begins with no mask; generation ends at gen_length or the block holding a stop token (cut after it)."""
+    step begins with no mask; generation ends at gen_length or the block holding a stop token (cut after it).
+    ``records``: filled with the request's step records as SGLang returns them (``attach_steps``, sliced to the
+    output tokens)."""
     block, ids, out = family.block_size, list(prompt_ids), []
     knobs = request_knobs(config.resolve(family), family, seed)
+    req = SimpleNamespace(customized_info=None)
     while len(out) < config.gen_length:
         start = len(ids) // block * block
         canvas = torch.tensor(ids + [family.mask_id] * (start + block - len(ids)))[None]
@@ -50,13 +55,17 @@ def scheduler_loop(model, family, prompt_ids: list[int], config, seed: int) -> l
             if done[0]:
                 break
         new = canvas[0, len(ids):].tolist()
+        attach_steps([req], [new], None, state)  # what the hook does before SGLang appends the block
         ids += new
         out += new
         if config.stop_at_eos and any(t in family.stop_ids for t in new):
             break
     out = out[:config.gen_length]
     stops = [i for i, t in enumerate(out) if t in family.stop_ids] if config.stop_at_eos else []
-    return out[:stops[0] + 1] if stops else out
+    out = out[:stops[0] + 1] if stops else out
+    if records is not None:
+        records[:] = req.customized_info[STEPS_KEY][:len(out)]
+    return out
 
 
 GREEDY = [dict(), dict(steps=2), dict(threshold=0.05, threshold_rule="one"), dict(threshold=0.05),
@@ -75,10 +84,20 @@ def test_dare_block_decodes_as_the_block_sampler(name):
     for knobs in GREEDY:
         config = SamplingConfig(gen_length=12, temperature=0.0, cache="none", **knobs)
         expected = engine.generate(PROMPTS, 1, config, seed=0)
+        outputs = []
         for row, prompt in enumerate(ids):
             want = expected.completion_ids[row][expected.completion_mask[row].bool()].tolist()
-            assert scheduler_loop(model, family, prompt, config, 0) == want, (knobs, row)
-    print(f"{name}: {len(GREEDY)} knob settings x {len(ids)} prompts equal")
+            records = []
+            assert scheduler_loop(model, family, prompt, config, 0, records) == want, (knobs, row)
+            outputs.append({"output_ids": want, "meta_info": {STEPS_KEY: records}})
+        # the step records come back as the block sampler's: what cj-grpo, d2, tracerl, dipo and agrpo replay
+        resolved = config.resolve(family)
+        slot = family.block_size if config.threshold is not None or config.factor is not None else \
+            plan_block(resolved, family)
+        rollout = to_rollout(outputs, ids, tok, family, 12, 0.0, slot)
+        for field in ("completion_ids", "completion_mask", "block_step", "step_map", "replay_ids", "replay_step"):
+            assert torch.equal(getattr(rollout, field), getattr(expected, field)), (knobs, field)
+    print(f"{name}: {len(GREEDY)} knob settings x {len(ids)} prompts equal, step records too")
     one_by_one, all_at_once = SamplingConfig(gen_length=12), SamplingConfig(gen_length=12, steps=1)
     assert any(scheduler_loop(model, family, p, one_by_one, 0) != scheduler_loop(model, family, p, all_at_once, 0)
                for p in ids)
@@ -172,8 +191,14 @@ def test_what_sglang_cannot_do_is_refused():
     SGLangEngine.check(SamplingConfig(temperature=1.0, threshold=0.9).resolve(llada2), llada2)
     with pytest.raises(ValueError, match="Unknown engine 'vllm'"):
         get_engine("vllm")
-    refused = [a for a in known() if getattr(get_algorithm(a), "needs_sampler", "")]
-    assert refused == ["agrpo", "cj-grpo", "d-treerpo", "d2", "dipo", "igpo", "justgrpo", "mdpo", "tracerl"]
+    refused = [a for a in known() if get_algorithm(a).needs_sampler]
+    assert refused == ["d-treerpo", "igpo", "justgrpo", "mdpo"]
+    replaying = [a for a in known() if get_algorithm(a).needs_steps]  # served by DareBlock's step records
+    assert replaying == ["agrpo", "cj-grpo", "d2", "dipo", "tracerl"]
+
+    class Unrecorded(SGLangEngine):  # an engine that returns no steps
+        records_steps = False
+
     for name in known():
         algo = get_algorithm(name)()
         if name in refused:
@@ -181,6 +206,9 @@ def test_what_sglang_cannot_do_is_refused():
                 algo.check_engine(SGLangEngine)
         else:
             algo.check_engine(SGLangEngine)
+        if name in replaying:
+            with pytest.raises(ValueError, match=f"{name} needs the step at which each token was decoded"):
+                algo.check_engine(Unrecorded)
 
 
 def test_server_arguments_for_a_checkpoint():
@@ -207,8 +235,8 @@ def test_scripts_refuse_sglang_before_loading_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load_weights", no_weights)
     common = ["--model", "tiny:sdar", "--data.path", "task:addition", "--rollout-engine", "sglang",
               "--output-dir", str(tmp_path)]
-    for algo, message in (("cj-grpo", "cj-grpo needs the step at which each token was decoded"),
-                          ("d1", "serves a checkpoint .* not a tiny: model")):
+    for algo, message in (("mdpo", "mdpo needs the canvas, whole-canvas prediction"),
+                          ("cj-grpo", "serves a checkpoint .* not a tiny: model")):  # cj-grpo: steps recorded
         with pytest.raises(ValueError, match=message):
             train_rl.main(parse(train_rl.args_class(algo), ["--algo", algo, *common]))
     from dare.models import save_tiny

@@ -61,9 +61,25 @@ def build(family: str, path: Path, perturb: float = 0.0, **overrides) -> str:
     return str(path)
 
 
+def stop_early(path: str) -> None:
+    """Make a greedy completion stop inside a block: the stop token's output row becomes (a little larger than) the
+    row of the token that the greedy completions use least (after the first position), so the tokens decoded after it in
+    its block are part of the replay."""
+    model, tok, family = load_pretrained(path, dtype=torch.float32)
+    rows = HFEngine(model, tok, family).generate(PROMPTS, 1, SamplingConfig(gen_length=12, temperature=0.0),
+                                                 seed=0).completion_ids.tolist()
+    counts = {t: sum(r.count(t) for r in rows) for r in rows for t in r}
+    token = min((t for r in rows for t in r[1:]), key=counts.get)  # the rarest
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[family.stop_ids[-1]] = head[token] * 1.05
+    model.save_pretrained(path)
+
+
 @pytest.fixture(scope="module", params=["sdar", "llada2"])
 def served(request, tmp_path_factory):
     path = build(request.param, tmp_path_factory.mktemp(request.param), perturb=0.05)
+    stop_early(path)
     model, tok, family = load_pretrained(path, dtype=torch.float32)
     engine = SGLangEngine(path, tok, family, SGLangOptions(max_running_requests=16,
                                                           server_args='{"max_total_tokens": 8192}'))
@@ -81,6 +97,12 @@ def test_greedy_tokens_equal_the_hf_engine(served, knobs):
           f"{theirs.num_tokens} tokens in {theirs.seconds:.2f}s")
     assert torch.equal(ours.completion_mask, theirs.completion_mask) and same.all()
     assert ours.texts == theirs.texts
+    # DareBlock's step records: what the trajectory algorithms replay, as the hf block sampler records it
+    for name in ("block_step", "step_map", "replay_ids", "replay_step"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    assert (theirs.block_step[theirs.completion_mask.bool()] >= 0).all()
+    if not knobs:  # the decoding stop_early set up: a stop inside a block
+        assert int(theirs.completion_mask.sum()) < 12 * len(PROMPTS)
 
 
 def test_first_block_equals_the_hf_engine(served):
@@ -212,7 +234,7 @@ if __name__ == "__main__":
     import train_rl
     from dare.config import parse
     from dare.engines import InProcessEngine
-    trainer = train_rl.main(parse(train_rl.args_class("d1"), sys.argv[1:]))
+    trainer = train_rl.main(parse(train_rl.args_class(sys.argv[1]), sys.argv[2:]))
     on_sglang = trainer.evaluate()  # the engine server starts again and receives the trained weights
     trainer.engine.close()
     trainer.engine = InProcessEngine(trainer.processing_class, trainer.family)
@@ -221,16 +243,18 @@ if __name__ == "__main__":
 """
 
 
-def test_train_rl_with_the_sglang_engine(tmp_path):
-    """Two d1 steps with sampled rollouts from SGLang, then greedy validation of the trained policy on SGLang and on
-    hf: the same completions (rewards, lengths), so the engine decoded with the trained weights; the weights were
-    pushed before each rollout."""
+@pytest.mark.parametrize("algo", ["d1", "cj-grpo"])
+def test_train_rl_with_the_sglang_engine(tmp_path, algo):
+    """Two steps with sampled rollouts from SGLang (cj-grpo: replaying the decoding steps DareBlock recorded), then
+    greedy validation of the trained policy on SGLang and on hf: the same completions (rewards, lengths), so the
+    engine decoded with the trained weights; the weights were pushed before each rollout."""
     path = build("sdar", tmp_path / "sdar")
-    argv = ["--model", path, "--data.path", "task:addition", "--data.limit", "32", "--data.eval-path", "task:addition",
-            "--data.eval-split", "test", "--data.eval-limit", "6", "--max-steps", "2", "--prompts-per-step", "2",
-            "--num-generations", "2", "--micro-batch-size", "2", "--rollout.gen-length", "8", "--learning-rate", "0.05",
-            "--rollout.temperature", "1.0", "--rollout-engine", "sglang", "--sglang.max-running-requests", "8",
-            "--rewards", "dare_test_rewards.length", "--output-dir", str(tmp_path / "out")]
+    argv = [algo, "--model", path, "--data.path", "task:addition", "--data.limit", "32", "--data.eval-path",
+            "task:addition", "--data.eval-split", "test", "--data.eval-limit", "6", "--max-steps", "2",
+            "--prompts-per-step", "2", "--num-generations", "2", "--micro-batch-size", "2", "--rollout.gen-length", "8",
+            "--learning-rate", "0.05", "--rollout.temperature", "1.0", "--rollout-engine", "sglang",
+            "--sglang.max-running-requests", "8", "--rewards", "dare_test_rewards.length", "--output-dir",
+            str(tmp_path / "out")]
     (tmp_path / "train.py").write_text(TRAIN)
     result = subprocess.run([sys.executable, str(tmp_path / "train.py"), *argv], cwd=ROOT, capture_output=True,
                             text=True, timeout=900, env={**os.environ, "PYTHONPATH": os.pathsep.join(

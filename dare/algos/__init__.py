@@ -33,7 +33,8 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_
         family = load_config(f"tiny:{next(f for f in families if cells[families.index(f)] == 'yes')}")[2]
         sampling = algo.rollout_sampling(family, SamplingConfig(gen_length=8)) if algo.trainer == "rl" else None
         estimator = type(algo.estimator(family, sampling)).__name__
-        engine = ("— (hf only)" if algo.needs_sampler else "yes") if algo.trainer == "rl" else "— (offline)"
+        engine = ("— (hf only)" if algo.needs_sampler else "yes (step records)" if algo.needs_steps else "yes") \
+            if algo.trainer == "rl" else "— (offline)"
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {estimator} | {algo.advantage} | {algo.loss_mask} | "
                     f"{engine} |")
     reasons = [f"- {name} —: {ALGORITHMS[name].why_not}" for name in known()

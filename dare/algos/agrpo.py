@@ -36,7 +36,7 @@ STEP_WEIGHTS = ("mean", "sum")
 class AGRPO(StepGroups):
     """AGRPO: K uniformly drawn decoding steps per row, each scored exactly from its recorded canvas."""
 
-    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays sampled decoding steps)"
+    needs_steps: ClassVar[str] = "it replays sampled decoding steps"
 
     samples: int = 8  # K steps drawn per row and inner iteration (one forward and backward each); paper: 24
     step_weight: str = "mean"  # mean: (1/T) sum over steps (the authors') | sum: the trajectory log-probability

@@ -42,6 +42,7 @@ class Declared:
     trainer: ClassVar[str] = "rl"  # what trains it: rl (rollouts and rewards) | preference (fixed pairs, no rollout)
     uses_ratio: ClassVar[bool] = True  # the loss compares with the rollout policy (old log-probs needed when mu > 1)
     needs_sampler: ClassVar[str] = ""  # what the rollout needs from DARE's own samplers (Engine.own_samplers)
+    needs_steps: ClassVar[str] = ""  # why it reads the step that committed each token (Engine.records_steps)
     whole_groups: ClassVar[str] = ""  # why a rollout's prompt groups cannot be dropped one by one ("": they can)
 
     @classmethod
@@ -71,6 +72,10 @@ class Declared:
         if self.needs_sampler and not engine.own_samplers:
             raise ValueError(f"rollout-engine {engine.name}: {self.name} needs {self.needs_sampler}, which only DARE's "
                              "own samplers provide; use --rollout-engine hf")
+        if self.needs_steps and not engine.records_steps:
+            raise ValueError(f"rollout-engine {engine.name}: {self.name} needs the step at which each token was "
+                             f"decoded ({self.needs_steps}), which this engine does not record; use --rollout-engine "
+                             "hf")
 
 
 def joined(parts: list[dict], *keys: str) -> dict:
@@ -314,7 +319,7 @@ class StepGroups(Algorithm):
     token-level clipped surrogate averaged over the batch's loss tokens. A subclass says how steps form groups
     (``groups``) and how many there are (``streams``)."""
 
-    needs_sampler: ClassVar[str] = "the step at which each token was decoded (it replays the decoding trajectory)"
+    needs_steps: ClassVar[str] = "it replays the decoding trajectory"
 
     def rollout_sampling(self, family, config):
         if config.editing_threshold is not None:

@@ -84,7 +84,8 @@ class Engine:
     hold its ``server`` (``serving(policy, version)`` yields an engine with the policy's current weights)."""
 
     name: ClassVar[str] = ""
-    own_samplers: ClassVar[bool] = False  # decodes with DARE's samplers: step maps, recorded canvases, resumes
+    own_samplers: ClassVar[bool] = False  # decodes with DARE's samplers: recorded canvases, hints, resumes
+    records_steps: ClassVar[bool] = False  # returns the step that committed each token (step maps, replay view)
     needs_weights: ClassVar[bool] = True  # decodes the in-process model: the script loads the weights for it
     options: ClassVar[type | None] = None  # its settings (a dataclass): a section of the scripts' flags, by name
 

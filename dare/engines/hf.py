@@ -16,7 +16,7 @@ from .base import Engine, Rollout, check_prompts, decode_completions, identity, 
 class HFEngine(Engine):
     """Every family, every knob: DARE's samplers on ``model`` (``max_batch_size`` rows per forward)."""
 
-    own_samplers = True
+    own_samplers = records_steps = True
 
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
         self.model, self.tokenizer, self.family = model, tokenizer, family

@@ -7,8 +7,10 @@ LLaDA2.x), in SGLang's own environment (README "SGLang"; ``requirements-sglang.t
 It decodes with ``DareBlock`` (``dare/engines/sglang_plugin.py``): DARE's block sampler inside SGLang's scheduler, so
 every knob of a block-family ``SamplingConfig`` means what it means on ``hf`` and greedy tokens agree. What SGLang
 cannot give is refused by ``SGLangEngine.check`` before any model loads: the masked families (SGLang's dLLM framework
-serves block diffusion only), LLaDA2.1 editing, recorded states, and decoding without the KV cache. Per-token decoding
-steps are not returned (``step_map`` is -1): algorithms that replay them declare it (``Algorithm.needs_sampler``).
+serves block diffusion only), LLaDA2.1 editing, recorded states, and decoding without the KV cache. The step that
+committed each token comes back (``DareBlock``'s records: ``block_step``, ``step_map`` and the replay view, as the hf
+block sampler gives them), so the trajectory algorithms roll out here; what needs DARE's own sampler (recorded
+canvases, hints, resumes) declares it (``Algorithm.needs_sampler``).
 
 A trainer holds an ``SGLangServer``: the engine starts at the first rollout (on this process's GPU, or
 ``--sglang.gpu``), receives the policy's weights (LoRA merged) whenever the optimiser has stepped since, and, when
@@ -30,8 +32,9 @@ import torch
 from ..data.chat import left_pad
 from ..lora import merged_weights
 from ..sampling import SamplingConfig
+from ..sampling.config import plan_block
 from .base import Engine, Rollout, check_decoding, check_prompts, decode_completions, digest, identity, register_engine
-from .sglang_plugin import NAME, knobs_carrier, request_knobs
+from .sglang_plugin import NAME, STEPS_KEY, knobs_carrier, request_knobs
 
 # SGLang's dLLM config hardcodes the mask id of each architecture (sglang/srt/dllm/config.py), whatever config.json says
 SGLANG_MASK_IDS = {"SDARForCausalLM": 151669, "SDARMoeForCausalLM": 151669, "LLaDA2MoeModelLM": 156895}
@@ -108,9 +111,11 @@ def requests(prompt_ids: list[list[int]], n: int, config, family, seed: int | No
 
 
 def to_rollout(outputs: list[dict], prompt_ids: list[list[int]], tokenizer, family, gen_length: int,
-               seconds: float) -> Rollout:
+               seconds: float, slot: int | None = None) -> Rollout:
     """SGLang's outputs (``output_ids`` through the first stop token, at most ``gen_length``) as a ``Rollout``:
-    completions padded with the family's pad id to ``gen_length``; decoding steps are not recorded (-1)."""
+    completions padded with the family's pad id to ``gen_length``, and the decoding steps ``DareBlock`` recorded
+    (``decoding_records``; ``slot``: the global steps each block owns, as the hf block sampler numbers them), or -1
+    where an output carries none."""
     rows = [o["output_ids"] for o in outputs]
     if any(len(r) > gen_length for r in rows):
         raise ValueError(f"SGLang returned more than gen_length={gen_length} tokens")
@@ -121,8 +126,38 @@ def to_rollout(outputs: list[dict], prompt_ids: list[list[int]], tokenizer, fami
         generated[i, :len(r)] = True
     mask, texts = decode_completions(tokenizer, family, completion, generated)
     prompts, prompt_mask = left_pad(prompt_ids, family.pad_id)
-    unknown = torch.full_like(completion, -1)
-    return Rollout(prompts, prompt_mask, completion, mask, unknown, unknown.clone(), texts, 0, seconds)
+    block_step, step_map = torch.full_like(completion, -1), torch.full_like(completion, -1)
+    replay_ids = torch.full((len(rows), gen_length + family.block_size - 1), family.pad_id, dtype=torch.long)
+    replay_step = torch.full_like(replay_ids, -1)
+    recorded = [o.get("meta_info", {}).get(STEPS_KEY) for o in outputs]
+    for i, (output, record) in enumerate(zip(rows, recorded, strict=True)):
+        if record is None:
+            continue
+        ids, steps, blocks = decoding_records(record, output)
+        n = min(len(output), gen_length)
+        block_step[i, :n] = torch.tensor(steps[:n], dtype=torch.long)
+        if slot is not None:
+            step_map[i, :n] = torch.tensor([b * slot + j for b, j in zip(blocks[:n], steps[:n], strict=True)])
+        replay_ids[i, :len(ids)], replay_step[i, :len(ids)] = torch.tensor(ids), torch.tensor(steps)
+    replay = any(r is not None for r in recorded)
+    return Rollout(prompts, prompt_mask, completion, mask, step_map, block_step, texts, 0, seconds,
+                   replay_ids=replay_ids if replay else None, replay_step=replay_step if replay else None)
+
+
+def decoding_records(record: list, output: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """``(ids, steps, blocks)`` of every token ``DareBlock`` decoded for one request, from its ``meta_info`` record
+    (per output token: the ``(ids, steps)`` of the block it starts, else None): the emitted blocks joined, the
+    whole block of the stop token and the whole last block included (the replay view of the hf block sampler), each
+    token's block-local step and its block's index."""
+    ids, steps, blocks = [], [], []
+    for value in record:
+        if value is not None:
+            blocks += [blocks[-1] + 1 if blocks else 0] * len(value[0])
+            ids += value[0]
+            steps += value[1]
+    if ids[:len(output)] != list(output):
+        raise RuntimeError("SGLang's step records do not match its output tokens")
+    return ids, steps, blocks
 
 
 def cpu_import_shim() -> None:
@@ -143,6 +178,7 @@ class SGLangEngine(Engine):
     """``generate(prompts, n, config, seed) -> Rollout`` on an ``sglang.Engine`` serving ``model_path``."""
 
     needs_weights = False  # SGLang loads the checkpoint itself
+    records_steps = True  # DareBlock's step records (dare/engines/sglang_plugin.py)
     options = SGLangOptions
 
     @classmethod
@@ -195,7 +231,10 @@ class SGLangEngine(Engine):
         start = time.perf_counter()
         outputs = self.engine.generate(input_ids=ids, sampling_params=params,
                                        custom_logit_processor=[self._carrier] * len(ids))
-        return to_rollout(outputs, ids, self.tokenizer, self.family, config.gen_length, time.perf_counter() - start)
+        dynamic = config.threshold is not None or config.factor is not None
+        slot = self.family.block_size if dynamic else plan_block(config, self.family)
+        return to_rollout(outputs, ids, self.tokenizer, self.family, config.gen_length, time.perf_counter() - start,
+                          slot)
 
     def push_weights(self, named_tensors) -> None:
         """Load ``(name, tensor)`` pairs (official key names) into the served model, in chunks, in one update."""
