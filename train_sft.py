@@ -35,6 +35,8 @@ class Args:
     max_grad_norm: float = 1.0  # clip the global gradient norm to this (0 = off)
     num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
     max_steps: int = -1  # > 0 overrides num_train_epochs
+    # stop at the first logged training loss (mean over logging_steps) below this, max_steps at the latest (0: off)
+    stop_at_loss: float = 0.0
     per_device_train_batch_size: int = 2  # examples per forward/backward on one device
     # micro-batches per optimiser step (global batch = this x batch size x devices)
     gradient_accumulation_steps: int = 1
@@ -76,7 +78,7 @@ def main(args: Args):
     from dare.data.sft import tokenize_dataset
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
-    from dare.trainers import DiffusionSFTTrainer, fit, resume_from
+    from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, resume_from
     from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
 
     set_seed(args.seed)
@@ -127,6 +129,8 @@ def main(args: Args):
                                   family=family, generation=generation, sequence_parallel=args.sequence_parallel,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
                                   console=args.console)
+    if args.stop_at_loss:
+        trainer.add_callback(StopAtLoss(args.stop_at_loss))
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, checkpoint, merged, settings=args)
 

@@ -71,6 +71,19 @@ def test_resume_is_exact(arithmetic, tmp_path, model):
     assert sorted(p.name for p in (tmp_path / "straight").glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
 
 
+def test_stop_at_loss_ends_at_the_first_logged_loss_below_it(arithmetic, tmp_path):
+    """--stop-at-loss T: the run is the uninterrupted run up to the first logged loss below T, where it stops and
+    saves its final model; off (0), the run goes to max_steps."""
+    straight = train_sft.main(args_for(arithmetic, tmp_path / "straight", max_steps=30))
+    losses = [h["loss"] for h in straight.state.log_history if "loss" in h]
+    target = sorted(losses[5:])[len(losses[5:]) // 2]  # a loss the run first goes below somewhere after step 5
+    first = next(i for i, loss in enumerate(losses) if loss < target) + 1
+    stopped = train_sft.main(args_for(arithmetic, tmp_path / "stopped", max_steps=30, stop_at_loss=target))
+    assert stopped.state.global_step == first < 30
+    assert [h["loss"] for h in stopped.state.log_history if "loss" in h] == losses[:first]
+    assert (tmp_path / "stopped" / "model.safetensors").exists() and straight.state.global_step == 30
+
+
 def test_incomplete_checkpoints_are_never_resumed(tmp_path):
     for step, complete in ((4, True), (8, True), (12, False)):
         folder = tmp_path / f"checkpoint-{step}"

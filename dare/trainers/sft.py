@@ -4,7 +4,7 @@ SFT loss from ``dare.objectives``; only ``compute_loss``, checkpoint completion,
 generation accuracy of held-out prompts at each evaluation (``validation.py``) are ours."""
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
 from ..objectives import sft_loss, sft_noise, sft_units
 from .checkpoints import CompleteCheckpoints
@@ -89,3 +89,18 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         if "loss" in logs and hasattr(self, "_masked_fraction"):
             logs["masked_fraction"] = round(self._masked_fraction, 4)
         super().log(logs, *args, **kwargs)
+
+
+class StopAtLoss(TrainerCallback):
+    """Ends training at the first logged training loss (the mean over its ``logging_steps``) below ``target``: a
+    small model whose loss falls off a plateau at a step no one can predict (a different one on each CPU) stops just
+    past the same point, whatever that step is. The decision reads only the logged window, so a resume (at a
+    checkpoint on a logging boundary) stops where the uninterrupted run would."""
+
+    def __init__(self, target: float):
+        self.target = target
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and logs["loss"] < self.target:
+            print(f"stop_at_loss: training loss {logs['loss']:.4f} < {self.target} at step {state.global_step}")
+            control.should_training_stop = True

@@ -134,7 +134,10 @@ class Lab:
     families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # RL seeds per algorithm (one shared SFT start)
     task: str = "sum4"  # a generated task with disjoint train/test questions (dare/data/tasks.py)
-    sft_steps: int | None = None  # SFT of the shared start (None: 1500; diffusion_gemma 3000, SFT_STEPS)
+    sft_steps: int | None = None  # SFT of the shared start (None: 1500; diffusion_gemma at most 10000, SFT_STEPS)
+    # stop that SFT at the first training loss (mean of 100 steps) below this (None: SFT_STOP_AT_LOSS,
+    # diffusion_gemma 0.26; others never)
+    sft_stop_at_loss: float | None = None
     sft_lr: float = 3e-3  # SFT learning rate (constant)
     rollouts: int = 90  # rollout batches per RL run (offline algorithms: optimiser steps of prompts_per_step pairs)
     control_rollouts: int = 30  # for NAME:control runs (unlearning is fast)
@@ -162,9 +165,13 @@ class Lab:
                              f"its answer and RL would have no signal; use --gen-length {needed} or more")
 
 
-# SFT steps where a tiny model answers a fifth to a third of sum4's held-out questions at T = 1 (the rest: 1500);
-# uniform noise learns slower: 1500 steps of tiny DiffusionGemma answer 4 %, 3000 steps 31 %
-SFT_STEPS = {"diffusion_gemma": 3000}
+# SFT steps where a tiny model answers a fifth to a third of sum4's held-out questions at T = 1 (the rest: 1500).
+# Tiny DiffusionGemma (uniform noise) sits on a loss plateau near 0.39 and falls off it at a step that depends on the
+# seed and the CPU (before 2000 steps for SFT seeds 1 and 3, near 2700 and 4300 for 42 and 2): after 3000 steps its
+# held-out reward was 0.04 to 0.76, and RL from a start on the plateau collapses. Its SFT stops instead at the first
+# training loss below 0.26 (starts 0.55-0.60 for seeds 42, 2 and 5), 10000 steps at most.
+SFT_STEPS = {"diffusion_gemma": 10000}
+SFT_STOP_AT_LOSS = {"diffusion_gemma": 0.26}
 
 
 def row_length(task: str, family: str, rows: int = 4000) -> int:
@@ -198,15 +205,21 @@ def sft(family: str, lab: Lab, folder: Path) -> str:
     train = write_task(lab.task, str(folder.parent / "data" / "train.jsonl"), 4000, 0, "train")
     a = train_sft.Args(model=f"tiny:{family}", output_dir=str(folder), max_steps=sft_steps(family, lab),
                        learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
-                       per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6)
+                       per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6,
+                       stop_at_loss=sft_stop_at_loss(family, lab))
     a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
     a.data.max_length, a.data.pad_to = max(64, row_length(lab.task, family) + 8), "longest"
-    train_sft.main(a)
+    steps = train_sft.main(a).state.global_step
+    (folder / "sft.json").write_text(json.dumps({"steps": steps, "stop_at_loss": a.stop_at_loss}))
     return str(folder)
 
 
 def sft_steps(family: str, lab: Lab) -> int:
     return lab.sft_steps if lab.sft_steps is not None else SFT_STEPS.get(family, 1500)
+
+
+def sft_stop_at_loss(family: str, lab: Lab) -> float:
+    return lab.sft_stop_at_loss if lab.sft_stop_at_loss is not None else SFT_STOP_AT_LOSS.get(family, 0.0)
 
 
 def sft_start(family: str, lab: Lab, out: Path) -> str:
@@ -396,9 +409,9 @@ def check_signal(before: dict, family: str, lab: Lab) -> None:
 
 
 # what a finished run's numbers depend on besides its algorithm, family and seed
-SETTINGS = ("task", "sft_steps", "sft_lr", "rollouts", "control_rollouts", "prompts_per_step", "num_generations",
-            "learning_rate", "offline_learning_rate", "prompt_masking", "num_iterations", "gen_length", "questions",
-            "samples")
+SETTINGS = ("task", "sft_steps", "sft_stop_at_loss", "sft_lr", "rollouts", "control_rollouts", "prompts_per_step",
+            "num_generations", "learning_rate", "offline_learning_rate", "prompt_masking", "num_iterations",
+            "gen_length", "questions", "samples")
 
 
 def check_settings(lab: Lab, out: Path):

@@ -3,7 +3,7 @@ before and after on held-out questions it never trained on, with a table and a P
 
     python recipes/quickstart/run.py                              # tiny LLaDA, d1, ~3 minutes on 2 CPU cores
     python recipes/quickstart/run.py --family sdar                # block diffusion; --algo NAME: any algorithm
-    python recipes/quickstart/run.py --family diffusion_gemma     # uniform noise (d1, wd1, gdpo), ~12 minutes
+    python recipes/quickstart/run.py --family diffusion_gemma     # uniform noise (d1, wd1, gdpo), ~15 minutes
     python recipes/quickstart/run.py --sft-steps 100 --rl-steps 4 --output-dir outputs/qs-smoke   # a smoke run
 
 Stages (each a real script's main, each writing under --output-dir): data (generated train split; the held-out
@@ -35,8 +35,12 @@ class Args:
     family: str = "llada"  # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma (a tiny random model of it)
     algo: str = "d1"  # any registered algorithm (python -m dare.algos)
     task: str = "sum4"  # a generated task (dare/data/tasks.py)
-    sft_steps: int | None = None  # until the model answers a fifth to a third of the held-out questions (None: the
-    # lab's SFT_STEPS, 1500; 3000 for diffusion_gemma, whose uniform noise learns slower)
+    # SFT steps, until the model answers a fifth to a third of the held-out questions (None: the lab's SFT_STEPS,
+    # 1500; diffusion_gemma at most 10000, stopped by --sft-stop-at-loss)
+    sft_steps: int | None = None
+    # stop SFT at the first training loss (mean of 100 steps) below this (None: the lab's SFT_STOP_AT_LOSS,
+    # diffusion_gemma 0.26: its loss leaves a plateau at a step that differs between CPUs; others never)
+    sft_stop_at_loss: float | None = None
     rl_steps: int = 90  # rollout batches of 16 prompts x 8 completions (offline algorithms: steps of 16 pairs)
     learning_rate: float = 1e-3  # RL, constant
     offline_learning_rate: float = 1e-4  # offline preference optimisation (vrpo), on the SFT model's own mistakes
@@ -76,7 +80,8 @@ def plot(history: list[dict], before: dict, after: dict, path: Path, title: str)
 def main(args: Args) -> dict:
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir)
-    settings = lab.Lab(families=[args.family], task=args.task, sft_steps=args.sft_steps, rollouts=args.rl_steps,
+    settings = lab.Lab(families=[args.family], task=args.task, sft_steps=args.sft_steps,
+                       sft_stop_at_loss=args.sft_stop_at_loss, rollouts=args.rl_steps,
                        learning_rate=args.learning_rate, offline_learning_rate=args.offline_learning_rate,
                        prompt_masking=args.prompt_masking, num_iterations=args.num_iterations,
                        questions=args.questions, samples=args.samples)
@@ -97,7 +102,7 @@ def main(args: Args) -> dict:
                     f"{change['se']:.3f} ({change['z']:+.1f} SE) |")
     plot(history, before, after, out / "curve.png", f"tiny {args.family}: SFT then {args.algo} on {args.task}")
     unit = "steps of 16 preference pairs" if offline else "rollouts of 16 x 8"
-    steps = lab.sft_steps(args.family, settings)
+    steps = json.loads((Path(start) / "sft.json").read_text())["steps"]
     summary = (f"## Quickstart: tiny {args.family}, SFT {steps} steps, {args.algo} {args.rl_steps} {unit}, "
                f"task {args.task}\n\n| held-out measure | after SFT | after {args.algo} | change (paired) |\n"
                f"|---|---|---|---|\n" + "\n".join(rows) + f"\n\nreward curve and measures: {out / 'curve.png'}\n")
