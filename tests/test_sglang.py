@@ -19,8 +19,7 @@ from dare.engines import HFEngine, check_decoding, get_engine
 from dare.engines.sglang import SGLangEngine, SGLangOptions, SGLangServer, requests, server_args, to_rollout
 from dare.engines.sglang_plugin import STEPS_KEY, attach_steps, block_step, request_knobs
 from dare.models import Family, tiny
-from dare.sampling import SamplingConfig
-from dare.sampling.config import plan_block
+from dare.sampling import SamplingConfig, step_budget
 
 PROMPTS = [[{"role": "user", "content": "What is 12 plus 30?"}], [{"role": "user", "content": "Hi"}],
            [{"role": "user", "content": "Count to five, please, slowly."}]]
@@ -91,10 +90,7 @@ def test_dare_block_decodes_as_the_block_sampler(name):
             assert scheduler_loop(model, family, prompt, config, 0, records) == want, (knobs, row)
             outputs.append({"output_ids": want, "meta_info": {STEPS_KEY: records}})
         # the step records come back as the block sampler's: what cj-grpo, d2, tracerl, dipo and agrpo replay
-        resolved = config.resolve(family)
-        slot = family.block_size if config.threshold is not None or config.factor is not None else \
-            plan_block(resolved, family)
-        rollout = to_rollout(outputs, ids, tok, family, 12, 0.0, slot)
+        rollout = to_rollout(outputs, ids, tok, family, 12, 0.0, step_budget(config, family))
         for field in ("completion_ids", "completion_mask", "block_step", "step_map", "replay_ids", "replay_step"):
             assert torch.equal(getattr(rollout, field), getattr(expected, field)), (knobs, field)
     print(f"{name}: {len(GREEDY)} knob settings x {len(ids)} prompts equal, step records too")
@@ -235,7 +231,7 @@ def test_scripts_refuse_sglang_before_loading_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load_weights", no_weights)
     common = ["--model", "tiny:sdar", "--data.path", "task:addition", "--rollout-engine", "sglang",
               "--output-dir", str(tmp_path)]
-    for algo, message in (("mdpo", "mdpo needs the canvas, whole-canvas prediction"),
+    for algo, message in (("d-treerpo", "d-treerpo needs decodings resumed from shared partial canvases"),
                           ("cj-grpo", "serves a checkpoint .* not a tiny: model")):  # cj-grpo: steps recorded
         with pytest.raises(ValueError, match=message):
             train_rl.main(parse(train_rl.args_class(algo), ["--algo", algo, *common]))

@@ -31,8 +31,7 @@ import torch
 
 from ..data.chat import left_pad
 from ..lora import merged_weights
-from ..sampling import SamplingConfig
-from ..sampling.config import plan_block
+from ..sampling import SamplingConfig, step_budget
 from .base import Engine, Rollout, check_decoding, check_prompts, decode_completions, digest, identity, register_engine
 from .sglang_plugin import NAME, STEPS_KEY, knobs_carrier, request_knobs
 
@@ -114,8 +113,8 @@ def to_rollout(outputs: list[dict], prompt_ids: list[list[int]], tokenizer, fami
                seconds: float, slot: int | None = None) -> Rollout:
     """SGLang's outputs (``output_ids`` through the first stop token, at most ``gen_length``) as a ``Rollout``:
     completions padded with the family's pad id to ``gen_length``, and the decoding steps ``DareBlock`` recorded
-    (``decoding_records``; ``slot``: the global steps each block owns, as the hf block sampler numbers them), or -1
-    where an output carries none."""
+    (``decoding_records``; ``slot``: the global steps each block owns, ``step_budget``, as the hf block sampler
+    numbers them), or -1 where an output carries none."""
     rows = [o["output_ids"] for o in outputs]
     if any(len(r) > gen_length for r in rows):
         raise ValueError(f"SGLang returned more than gen_length={gen_length} tokens")
@@ -231,10 +230,8 @@ class SGLangEngine(Engine):
         start = time.perf_counter()
         outputs = self.engine.generate(input_ids=ids, sampling_params=params,
                                        custom_logit_processor=[self._carrier] * len(ids))
-        dynamic = config.threshold is not None or config.factor is not None
-        slot = self.family.block_size if dynamic else plan_block(config, self.family)
         return to_rollout(outputs, ids, self.tokenizer, self.family, config.gen_length, time.perf_counter() - start,
-                          slot)
+                          step_budget(config, self.family))
 
     def push_weights(self, named_tensors) -> None:
         """Load ``(name, tensor)`` pairs (official key names) into the served model, in chunks, in one update."""
