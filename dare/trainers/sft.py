@@ -101,6 +101,7 @@ class StopAtLoss(TrainerCallback):
         self.target = target
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs and logs["loss"] < self.target:
-            print(f"stop_at_loss: training loss {logs['loss']:.4f} < {self.target} at step {state.global_step}")
+        if logs and "loss" in logs and logs["loss"] < self.target:  # the logged loss is every process's mean
+            if state.is_world_process_zero:
+                print(f"stop_at_loss: training loss {logs['loss']:.4f} < {self.target} at step {state.global_step}")
             control.should_training_stop = True
