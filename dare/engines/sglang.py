@@ -133,7 +133,7 @@ def to_rollout(outputs: list[dict], prompt_ids: list[list[int]], tokenizer, fami
         if record is None:
             continue
         ids, steps, blocks = decoding_records(record, output)
-        n = min(len(output), gen_length)
+        n = len(output)  # at most gen_length (refused above)
         block_step[i, :n] = torch.tensor(steps[:n], dtype=torch.long)
         if slot is not None:
             step_map[i, :n] = torch.tensor([b * slot + j for b, j in zip(blocks[:n], steps[:n], strict=True)])
