@@ -171,16 +171,18 @@ def test_dream_threshold_is_the_official_confidence_threshold():
 
 
 def biased(name, token, position, bias=60.0):
-    """A tiny model whose logits favour ``token`` at canvas position ``position`` (whole-window forwards)."""
+    """A tiny model whose logits favour ``token`` at canvas position ``position`` (whole-window forwards, also
+    those that keep the logits of some positions only)."""
     model, tok, fam = load(name)
 
-    def hook(module, args, out):
-        if out.shape[1] > position:
-            out = out.clone()
-            out[:, position, token] += bias
+    def hook(module, args, kwargs, out):
+        width = (args[0] if args else kwargs["input_ids"]).shape[1]
+        keep = kwargs.get("logits_to_keep", 0)
+        columns = torch.arange(width)[keep if torch.is_tensor(keep) else slice(-keep if keep else None, None)]
+        out.logits[:, columns == position, token] += bias
         return out
 
-    model.get_output_embeddings().register_forward_hook(hook)
+    model.register_forward_hook(hook, with_kwargs=True)
     return model, tok, fam
 
 

@@ -195,6 +195,39 @@ def test_masked_rows_done_with_their_block_sit_out(name, cache):
         same_row(out, r, generate(model, fam, unpadded(ids, mask, r), None, cfg), 0, exact_steps=False)
 
 
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("name", MASKED_FAMILIES)
+def test_masked_full_pass_feeds_each_distinct_canvas_once(name, cache, monkeypatch):
+    """A full pass feeds each distinct row once: a GRPO group's completions share one canvas until their first
+    commit (greedy ones all along). Sampled, the completions, steps and forwards are those of feeding every row, and
+    a group's rows still diverge; greedy, every row decodes as it does alone."""
+    model, _, fam = load(name)
+    ids, mask = prompts(fam, [3, 6], seed=8)
+    ids[ids == 17] = 18  # StopsAfter17 only counts rows here
+    order = torch.tensor([1, 0, 1, 1, 0, 0])  # interleaved groups: the distinct rows come back sorted
+    ids, mask = ids[order], mask[order]
+    cfg = SamplingConfig(gen_length=16, block_length=8, steps=16, temperature=1.0, threshold=0.05, cache=cache)
+    counter = StopsAfter17(model, fam.eos_id)
+    shared = generate(counter, fam, ids, mask, cfg, torch.Generator().manual_seed(5))
+    assert counter.rows_fed[0] == 2 and max(counter.rows_fed) == 6, counter.rows_fed
+    with monkeypatch.context() as m:  # every row distinct: the full passes feed the whole batch
+        m.setattr(torch, "unique", lambda rows, **_: (rows, torch.arange(len(rows))))
+        counter.rows_fed.clear()
+        every = generate(counter, fam, ids, mask, cfg, torch.Generator().manual_seed(5))
+        assert counter.rows_fed[0] == 6
+    assert torch.equal(shared.sequences, every.sequences) and torch.equal(shared.step_map, every.step_map)
+    assert shared.nfe == every.nfe
+    assert len({tuple(row.tolist()) for row in shared.sequences[order == 1]}) > 1
+
+    greedy = dataclasses.replace(cfg, temperature=0.0)
+    counter.rows_fed.clear()
+    out = generate(counter, fam, ids, mask, greedy)
+    if cache == "none":  # every forward is a full pass
+        assert max(counter.rows_fed) == 2, counter.rows_fed
+    for r in (0, 1):
+        same_row(out, r, generate(model, fam, unpadded(ids, mask, r), None, greedy), 0, exact_steps=False)
+
+
 @pytest.mark.parametrize("short", [False, True])
 @pytest.mark.parametrize("threshold", [None, 0.05])
 @pytest.mark.parametrize("cache", ["block", "none"])
@@ -517,23 +550,28 @@ class CacheProbe:
         self.model, self.shift, self.gen_length, self.block = model, int(fam.shift), gen_length, block
         self.err, self.moved, self.blocks_seen, self.fresh = [], [], 0, False
 
-    def __call__(self, input_ids, attention_mask=None, position_ids=None, cache=None, key_position_ids=None):
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, cache=None, key_position_ids=None,
+                 logits_to_keep=0):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          key_position_ids=key_position_ids)
+        whole, out.logits = out.logits, out.logits[:, logits_to_keep] if torch.is_tensor(logits_to_keep) else out.logits
+        self.probe(input_ids, attention_mask, cache, whole)
+        return out
+
+    def probe(self, input_ids, attention_mask, cache, logits):
         if cache is None or cache.get_seq_length() == input_ids.shape[1]:  # a block's full pass
-            self.canvas, self.attn, self.start_logits = input_ids, attention_mask, out.logits
+            self.canvas, self.attn, self.start_logits = input_ids, attention_mask, logits
             self.fresh, self.blocks_seen = True, self.blocks_seen + 1
-            return out
+            return
         if not self.fresh:
-            return out
+            return
         self.fresh = False
         first = self.canvas.shape[1] - self.gen_length + (self.blocks_seen - 1) * self.block - self.shift
         canvas = self.canvas.clone()
         canvas[:, first:first + input_ids.shape[1]] = input_ids
         exact = self.model(input_ids=canvas, attention_mask=self.attn).logits[:, first:first + self.block]
-        self.err += (out.logits[:, :self.block] - exact).abs().amax((1, 2)).tolist()
+        self.err += (logits[:, :self.block] - exact).abs().amax((1, 2)).tolist()
         self.moved += (self.start_logits[:, first:first + self.block] - exact).abs().amax((1, 2)).tolist()
-        return out
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])

@@ -13,7 +13,8 @@ cached K/V nearest the block, which go stale fastest, stay fresh; a vicinity cov
 A row whose block has no masks left sits out the block's remaining forwards (threshold decoding finishes rows at
 different steps; the cache drops its rows until the next block's full pass); its proposals were never committed,
 and the sampling draws stay the whole batch's, so the output is the same. Not with classifier-free guidance or
-recorded whole-canvas predictions, which read every row.
+recorded whole-canvas predictions, which read every row. A full pass feeds each distinct row once (a GRPO group's
+completions share one canvas until their first commit) and keeps the block's logits only.
 """
 
 import torch
@@ -58,14 +59,24 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
     block_step = step_map.clone()
     out = Generation(x[:, p_len:], step_map, block_step)
 
-    def logits_full(cache=None):
-        lg = family.logits(model, x, attn, cache=cache)
+    def logits_full(keep, rows=None, cache=None):
+        """The canvas's logits at ``keep`` (None: everywhere), each distinct row fed once: a GRPO group's
+        completions share one canvas until their first commit (and all along when decoded greedily)."""
+        xs, attns = (x, attn) if rows is None else (x[rows], attn[rows])
+        distinct, copy = torch.unique(torch.cat([xs, attns], 1), dim=0, return_inverse=True)
+        if len(distinct) < len(xs):  # (unique sorts its rows: the copy puts each back in its place)
+            xs, attns = distinct[:, :x.shape[1]], distinct[:, x.shape[1]:]
+        lg = family.logits(model, xs, attns, cache=cache, keep=keep)
         if cfg.cfg_scale:
-            uncond = x.clone()
-            uncond[:, :p_len][prompt_mask.bool()] = mask_id
-            lg_u = family.logits(model, uncond, attn)
+            uncond = xs.clone()
+            uncond[:, :p_len][attns[:, :p_len].bool()] = mask_id
+            lg_u = family.logits(model, uncond, attns, keep=keep)
             out.nfe += 1
             lg = lg_u + (cfg.cfg_scale + 1) * (lg - lg_u)
+        if len(xs) < len(copy):
+            lg = lg[copy]
+            if cache is not None:
+                keep_rows(cache, copy)
         return lg
 
     step = from_step
@@ -88,16 +99,16 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
         cache, j = None, j0
         while masked.any() and (dynamic or j < per_block) and step < to_step:
             first = start - shift  # first position fed after the block's full pass (one earlier for Dream)
-            full = None
             busy = masked.any(-1) | (not sits_out)  # the rows fed this step
             rows = None if bool(busy.all()) else busy.nonzero()[:, 0]
             if j == j0 or cache_mode == "none":
                 cache = DynamicCache() if cache_mode != "none" else None
-                if rows is None or cache is not None:
-                    full, rows = logits_full(cache), None
+                rows = None if cache is not None else rows
+                if predict_all:
+                    full = logits_full(None)
                     lg = full[:, start:end]
-                else:
-                    lg = family.logits(model, x[rows], attn[rows])[:, start:end]
+                else:  # logits of the block only: the rest of a 126k-vocabulary canvas would be read by nothing
+                    lg = logits_full(torch.arange(start, end, device=x.device), rows, cache)
                 if cache_mode == "prefix":
                     truncate(cache, first)
                 cached = torch.ones_like(busy)
@@ -107,7 +118,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
                     cached = busy
                 xs, attns, pos = (x, attn, positions) if rows is None else (x[rows], attn[rows], positions[rows])
                 if cache_mode == "prefix":
-                    lg = family.logits(model, xs[:, first:], attns, cache=cache)[:, shift:shift + block]
+                    lg = family.logits(model, xs[:, first:], attns, cache=cache,
+                                       keep=torch.arange(shift, shift + block, device=x.device))
                     truncate(cache, first)
                 else:  # dual: hide the stale rows of the block and its vicinity, feed them, move their K/V in place
                     lo, hi = max(first - cfg.vicinity, 0), min(end + cfg.vicinity, x.shape[1])
@@ -116,7 +128,7 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
                     lg = family.logits(model, xs[:, lo:hi], torch.cat([stale, attns[:, lo:hi]], 1),
                                        position_ids=pos[:, lo:hi], cache=cache,
                                        key_position_ids=torch.cat([pos, pos[:, lo:hi]], 1),
-                                       )[:, start - lo:start - lo + block]
+                                       keep=torch.arange(start - lo, start - lo + block, device=x.device))
                     move_tail(cache, lo, hi)
             if rows is not None:  # rows sitting out get flat logits: none of their positions is masked
                 lg = lg.new_zeros((n_rows, *lg.shape[1:])).index_copy_(0, rows, lg)
