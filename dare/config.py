@@ -16,6 +16,7 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 import traceback
 import types
 import typing
@@ -165,11 +166,16 @@ def traceback_file() -> Path:
     return Path(tempfile.gettempdir()) / f"dare-last-error.{os.getuid()}{suffix}.txt"
 
 
+RANK_WAIT_S = 60.0  # how long a rank other than 0 waits for the launcher after an error before the processes joined
+
+
 def run(main, make_args):
     """``main(make_args())`` as a script's entry point. A user error prints ``error: <message>`` and exits 2; the
     traceback goes to a file named in the message. ``--debug`` (anywhere on the command line) or ``DARE_DEBUG=1``
     lets it propagate with its traceback instead. Under a multi-process launcher, an error raised before the
-    processes joined (checks of the arguments, the same on every rank) is printed by rank 0 only."""
+    processes joined (checks of the arguments, the same on every rank) is printed by rank 0 only: the other ranks
+    wait for the launcher to stop them once rank 0 has left (leaving first, they would have the launcher stop rank 0
+    before it prints), and print it themselves after ``RANK_WAIT_S`` (an error of their own)."""
     debug = "--debug" in sys.argv[1:] or os.environ.get("DARE_DEBUG", "") not in ("", "0")
     sys.argv = [a for a in sys.argv if a != "--debug"]
     try:
@@ -188,8 +194,9 @@ def run(main, make_args):
         with open(partial, "w") as f:
             traceback.print_exc(file=f)
         os.replace(partial, path)
-        if rank == "0" or joined:
-            where = f"rank {rank}: " if joined and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-            print(f"error: {where}{message}\n(traceback in {path}; --debug or DARE_DEBUG=1 prints it)",
-                  file=sys.stderr)
+        several = os.environ.get("WORLD_SIZE", "1") != "1"
+        if rank != "0" and not joined and several:
+            time.sleep(RANK_WAIT_S)
+        where = f"rank {rank}: " if several and (joined or rank != "0") else ""
+        print(f"error: {where}{message}\n(traceback in {path}; --debug or DARE_DEBUG=1 prints it)", file=sys.stderr)
         sys.exit(2)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -74,6 +75,21 @@ def test_an_argument_error_under_a_two_process_launch_is_printed_once():
     assert out.returncode != 0 and len(lines) == 1, out.stdout + out.stderr
     assert lines[0].startswith("error: Unknown algorithm 'nope'; registered: ")
     assert "(exitcode: 2)" in out.stderr, out.stderr[-2000:]
+
+
+def test_a_rank_other_than_0_waits_for_the_launcher_then_prints_its_own_error(monkeypatch, capsys):
+    """Before the processes join, rank 1 leaves the printing to rank 0 (the launcher stops rank 1 once rank 0 has
+    left); an error rank 0 never meets is printed by rank 1 itself after the wait."""
+    import dare.config
+
+    monkeypatch.setattr(dare.config, "RANK_WAIT_S", 0.3)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    began = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        dare.config.run(lambda args: (_ for _ in ()).throw(ValueError("only rank 1 lacks its shard")), lambda: None)
+    assert exit_.value.code == 2 and time.perf_counter() - began >= 0.3
+    assert capsys.readouterr().err.startswith("error: rank 1: only rank 1 lacks its shard\n")
 
 
 @pytest.fixture(scope="module")
