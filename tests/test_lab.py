@@ -32,6 +32,8 @@ def test_held_out_scores_only_test_questions_and_is_reproducible():
     assert len(first["reward_q"]) == len(first["greedy_q"]) == 12
     assert all(abs(3 * v - round(3 * v)) < 1e-9 and 0 <= v <= 1 for v in first["reward_q"])  # means of 3 rewards
     assert held_out("tiny:llada", "sum4", questions=12, samples=3, gen_length=8) == first
+    with pytest.raises(ValueError, match="masked-diffusion family: cache must be"):  # decoding= reaches the sampler
+        held_out("tiny:llada", "sum4", questions=2, samples=1, gen_length=8, decoding={"cache": "block"})
 
 
 def test_shared_settings_reach_every_algorithm_and_profiles_override_them(tmp_path):
@@ -85,6 +87,13 @@ def test_variants_combine(tmp_path):
     vrpo = {f: compare.rl_args("vrpo:lab", "tiny:sdar", str(tmp_path / f), 0, lab, f).learning_rate for f in
             ("llada", "sdar", "dream")}
     assert vrpo == {"llada": lab.offline_learning_rate, "sdar": 3e-5, "dream": lab.offline_learning_rate}
+    # NAME:fast: the family kind's fast decoding (uniform noise has none)
+    fast = {f: compare.rl_args("d1:fast", f"tiny:{f}", str(tmp_path / f"fast-{f}"), 0, lab, f).rollout for f in
+            ("llada", "sdar")}
+    assert (fast["llada"].cache, fast["llada"].vicinity, fast["llada"].threshold) == ("dual", 16, 0.7)
+    assert (fast["sdar"].cache, fast["sdar"].threshold) == ("block", 0.9) and plain.rollout.threshold is None
+    with pytest.raises(SystemExit, match="no fast decoding for uniform-noise"):
+        compare.rl_args("d1:fast", "tiny:diffusion_gemma", str(tmp_path / "g"), 0, lab, "diffusion_gemma")
 
 
 def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_path, capsys):

@@ -26,14 +26,16 @@ def _engine(model_dir: str) -> HFEngine:
 
 
 def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, gen_length: int = 12,
-             seed: int = 12345) -> dict:
+             seed: int = 12345, decoding: dict | None = None) -> dict:
     """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``greedy_q``: its greedy
-    reward. Question-major lists over the first ``questions`` test questions of ``task``."""
+    reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
+    ``SamplingConfig`` knobs (e.g. ``dare.sampling.FAST_DECODING["masked"]``; default the family's plain decoding)."""
     engine = _engine(model_dir)
     rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
     router, prompts, out = RewardRouter(["auto"]), [r["prompt"] for r in rows], {}
     for name, n, temperature in (("reward_q", samples, 1.0), ("greedy_q", 1, 0.0)):
-        rollout = engine.generate(prompts, n, SamplingConfig(gen_length=gen_length, temperature=temperature), seed=seed)
+        sampling = SamplingConfig(**{**(decoding or {}), "gen_length": gen_length, "temperature": temperature})
+        rollout = engine.generate(prompts, n, sampling, seed=seed)
         scores = [r.score for r in router.score(rollout.texts, [r for r in rows for _ in range(n)])]
         out[name] = [sum(scores[i * n:(i + 1) * n]) / n for i in range(len(rows))]
     return out

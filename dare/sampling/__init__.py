@@ -7,7 +7,15 @@ dynamic unmasking). Every sampler returns the trajectory (the step at which each
 
 import torch
 
-from .config import Generation, SamplingConfig, SamplingOverrides, schedule_length, step_budget
+from .config import (
+    FAST_DECODING,
+    Generation,
+    SamplingConfig,
+    SamplingOverrides,
+    fast_decoding,
+    schedule_length,
+    step_budget,
+)
 
 
 def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
@@ -43,4 +51,5 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
                                to_step)
 
 
-__all__ = ["Generation", "SamplingConfig", "SamplingOverrides", "generate", "schedule_length", "step_budget"]
+__all__ = ["FAST_DECODING", "Generation", "SamplingConfig", "SamplingOverrides", "fast_decoding", "generate",
+           "schedule_length", "step_budget"]

@@ -15,6 +15,8 @@ memory during training (resident set on CPU, allocator peak on CUDA).
 gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own settings from ``LAB_PROFILES`` (a
 learning rate; dmpo's mean baseline) where the shared ones do not make it learn. ``NAME:value`` runs it with its
 value model (tracerl). ``NAME:ahead`` decodes each rollout one cycle ahead of training (``--rollout-mode ahead``).
+``NAME:fast`` decodes its rollouts with ``dare.sampling.FAST_DECODING``, the fastest decoding that kept its
+quality.
 Variants combine: ``tracerl:value:control``. The generation length comes from the task's
 reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
 signal) stops the lab before any RL runs.
@@ -45,6 +47,7 @@ import train_sft  # noqa: E402
 from dare.algos import get_algorithm, known  # noqa: E402
 from dare.data.tasks import write_task  # noqa: E402
 from dare.eval.lab import held_out, mean_se, mistake_pairs, paired  # noqa: E402
+from dare.sampling import fast_decoding  # noqa: E402
 
 # NAME:lab: an algorithm's own settings where the shared ones (lr 1e-3) do not make it learn, each found by a
 # learning-rate sweep on seeds other than the reported one (README, "The comparison lab")
@@ -71,7 +74,7 @@ LAB_PROFILES = {
 }
 
 
-VARIANTS = ("control", "paper", "lab", "value", "ahead")
+VARIANTS = ("control", "paper", "lab", "value", "ahead", "fast")
 
 
 def split_spec(spec: str) -> tuple[str, list[str]]:
@@ -86,7 +89,8 @@ def profile(spec: str, family: str | None = None) -> dict:
     implementation); ``lab``: the algorithm's entry in ``LAB_PROFILES`` (its own settings, found by a sweep; those
     under ``families`` for ``family`` only);
     ``value``: its value model on (``value.model: policy``, its AdamW at the lab's learning rate); ``ahead``: each
-    rollout decoded one cycle ahead of training (``train_rl.py --rollout-mode ahead``)."""
+    rollout decoded one cycle ahead of training (``train_rl.py --rollout-mode ahead``); ``fast``: ``FAST_DECODING``
+    for the family's kind."""
     name, variants = split_spec(spec)
     out = {}
     for variant in variants:
@@ -103,6 +107,8 @@ def profile(spec: str, family: str | None = None) -> dict:
             found = {k: values.get(k) or {} for k in ("algo_config", "rollout")}
         elif variant == "ahead":
             found = {"rollout_mode": "ahead"}
+        elif variant == "fast":
+            found = {"rollout": fast_rollout(family)}
         elif variant == "value":
             if "value" not in get_algorithm(name).__dataclass_fields__:
                 raise SystemExit(f"{name} has no value model (no value field)")
@@ -113,6 +119,18 @@ def profile(spec: str, family: str | None = None) -> dict:
         for section, values in found.items():
             out[section] = {**out.get(section, {}), **values} if isinstance(values, dict) else values
     return out
+
+
+def fast_rollout(family: str | None) -> dict:
+    """``dare.sampling.FAST_DECODING`` for ``family`` (None: no family yet, nothing to check)."""
+    if family is None:
+        return {}
+    from dare.models.loading import load_config
+
+    try:
+        return fast_decoding(load_config(f"tiny:{family}")[2])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def set_nested(target, values: dict) -> None:
@@ -128,7 +146,8 @@ def set_nested(target, values: dict) -> None:
 class Lab:
     """RL from one SFT start, many algorithms, held-out before/after (see the module docstring)."""
 
-    # NAME, NAME:paper, NAME:lab, NAME:value, NAME:ahead, NAME:control, combined as NAME:v1:v2; all = every algorithm
+    # NAME, NAME:paper, NAME:lab, NAME:value, NAME:ahead, NAME:fast, NAME:control, combined as NAME:v1:v2; all = every
+    # algorithm
     # and d1:control
     algos: list[str] = field(default_factory=lambda: ["d1", "d1:control"])
     families: list[str] = field(default_factory=lambda: ["llada"])  # tiny random models of these families
@@ -348,7 +367,7 @@ def expand(algos: list[str]) -> list[str]:
         raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants (combined as "
                          "NAME:v1:v2): NAME:paper (where recipes/llada/NAME_math_paper.yaml exists), NAME:lab "
                          "(LAB_PROFILES in this script), NAME:value (its value model), NAME:ahead (rollouts decoded "
-                         "one cycle ahead of training) and NAME:control")
+                         "one cycle ahead of training), NAME:fast (dare.sampling.FAST_DECODING) and NAME:control")
     for spec in algos:
         profile(spec)  # a missing paper profile fails before anything runs
     return algos
