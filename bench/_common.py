@@ -70,11 +70,13 @@ class FedCounter:
             self.row_positions += ids.numel()
 
 
-def hidden_override(family: str, hidden: int) -> dict:
-    """Config override for a wider tiny model (LLaDA keeps its OLMo field names)."""
-    if not hidden:
-        return {}
-    return dict(d_model=hidden) if family == "llada" else dict(hidden_size=hidden)
+def hidden_override(family: str, hidden: int, vocab: int = 0) -> dict:
+    """Config override for a wider tiny model (LLaDA keeps its OLMo field names); ``vocab``: its output layer as wide
+    as a real model's (e.g. LLaDA-8B's 126,464 rows; the tiny tokenizer's ids stay below 512)."""
+    out = {} if not hidden else dict(d_model=hidden) if family == "llada" else dict(hidden_size=hidden)
+    if vocab:
+        out |= dict(vocab_size=vocab, embedding_size=vocab) if family == "llada" else dict(vocab_size=vocab)
+    return out
 
 
 def in_child(target, *args):

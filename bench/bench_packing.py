@@ -5,6 +5,7 @@
     python bench/bench_packing.py --family sdar --hidden 256 --steps 10
     python bench/bench_packing.py --quick                       # a smoke run (tests/test_benches.py)
     python bench/bench_packing.py --rl --family sdar            # RL scoring: padded vs packed rows
+    python bench/bench_packing.py --rl --family llada --vocab 126464 --gen-length 256   # LLaDA-8B's output layer
 
 How the data, the modes and the columns are made: bench/README.md.
 """
@@ -38,7 +39,7 @@ def micro_batches(args, tok, fam) -> list[list[dict]]:
 
 def train(args, mode, steps):
     """``[(seconds, real tokens, row slots, rows, score entries)]`` per step (collation included, as in a Trainer)."""
-    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden))
+    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden, args.vocab))
     model.config._attn_implementation = args.attn
     model.to(args.device).train()
     fam = Family.from_pretrained(model.config, tok)
@@ -95,7 +96,7 @@ class Shapes:
 
 def score(args, mode, steps):
     """``train``'s per-step tuples for one RL scoring forward + backward (``--rl``)."""
-    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden))
+    model, tok = tiny(args.family, seed=0, **hidden_override(args.family, args.hidden, args.vocab))
     model.config._attn_implementation = args.attn
     model.to(args.device).train()
     fam = Family.from_pretrained(model.config, tok)
@@ -135,6 +136,8 @@ def main(argv=None):
     p.add_argument("--data", type=Path, default=DATA, help="GSM8K SFT parquet (default: ../shared/data/sft/...)")
     p.add_argument("--family", default="llada", choices=FAMILIES, help="tiny model family (default llada)")
     p.add_argument("--hidden", type=int, default=0, help="override the tiny hidden size (0 = tiny default)")
+    p.add_argument("--vocab", type=int, default=0,
+                   help="output-layer rows of the tiny model (0 = the tiny tokenizer's 512; 126464 = LLaDA-8B's)")
     p.add_argument("--batch", type=int, default=16, help="examples per micro-batch (default 16)")
     p.add_argument("--max-length", type=int, default=1024, help="row length (default 1024; GSM8K's longest ~ 900)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
@@ -154,7 +157,8 @@ def main(argv=None):
         print(f"bench_packing: {args.data} is absent (the GSM8K SFT parquet of ../shared); nothing to measure")
         return []
     what = f"RL scoring of {args.gen_length}-token completions" if args.rl else f"rows of {args.max_length}"
-    print(f"tiny:{args.family}, {args.batch} GSM8K examples per step, {what}, {args.warmup} "
+    vocab = f", output layer {args.vocab} rows" if args.vocab else ""
+    print(f"tiny:{args.family}{vocab}, {args.batch} GSM8K examples per step, {what}, {args.warmup} "
           f"warm-up + {args.steps} timed steps, device {args.device}")
     print("| mode | rows / step | padding % | scores M | real tokens / step | ms / step | real tokens/s | speed-up "
           "| peak MiB |")

@@ -65,11 +65,14 @@ class PackedFamily:
         clean = None
         if clean_ids is not None:
             clean = clean_ids.new_full(shape, self._family.pad_id).index_put_((dst_r, dst_c), clean_ids[src_n, src_c])
-        packed = self._family.logits(model, ids, clean_ids=clean, segment_ids=segments).flatten(0, 1)
         cols = torch.arange(width, device=device)
         if keep is not None:
             cols = keep if torch.is_tensor(keep) else cols[width - keep:]
         where = torch.full((batch, width), -1, device=device).index_put_((src_n, src_c), dst_r * used + dst_c)
         where = where[:, cols]  # [N, K]: the packed (flat) index of every kept position, -1 where not attended
         n, k = (where >= 0).nonzero(as_tuple=True)
-        return packed.new_zeros(batch, len(cols), packed.shape[-1]).index_put((n, k), packed[where[n, k]])
+        wanted = torch.zeros(shape, dtype=torch.bool, device=device)
+        wanted.view(-1)[where[n, k]] = True  # only these packed positions get logits (not prompts, not padding)
+        packed = self._family.logits(model, ids, clean_ids=clean, segment_ids=segments, keep=wanted)
+        rank = wanted.view(-1).cumsum(0) - 1  # each wanted position's row of ``packed`` (row-major)
+        return packed.new_zeros(batch, len(cols), packed.shape[-1]).index_put((n, k), packed[rank[where[n, k]]])

@@ -225,4 +225,6 @@ class SequenceParallelFamily:
         rows = rows[:, :length]
         if keep is None:
             return rows
+        if torch.is_tensor(keep) and keep.dtype == torch.bool:  # packed rows' kept positions: [M, V]
+            return rows[keep]
         return rows[:, length - keep:] if isinstance(keep, int) else rows[:, keep]

@@ -172,6 +172,8 @@ def test_clear_errors(models):
         sft_loss(model, fam, ids, loss_mask, torch.ones_like(ids), segment_ids=seg)
     with pytest.raises(ValueError, match="pass no attention_mask"):
         fam.logits(model, ids, batch["attention_mask"], segment_ids=seg)
+    with pytest.raises(ValueError, match="packed rows keep a boolean mask of their shape"):
+        fam.logits(model, ids, segment_ids=seg, keep=8)
     dream_model, dream = models["dream"]
     batch = packed(dream)
     first = batch["loss_mask"].clone()
@@ -237,8 +239,9 @@ class WithoutSegments:
     def __getattr__(self, name):
         return getattr(self.fam, name)
 
-    def logits(self, model, ids, clean_ids=None, segment_ids=None):
-        return self.fam.logits(model, ids, torch.ones_like(ids), clean_ids=clean_ids)
+    def logits(self, model, ids, clean_ids=None, segment_ids=None, keep=None):
+        out = self.fam.logits(model, ids, torch.ones_like(ids), clean_ids=clean_ids)
+        return out if keep is None else out[keep]
 
 
 @pytest.mark.parametrize("name", SCORED)
@@ -246,7 +249,7 @@ def test_packed_scoring_logits_equal_unpacked(models, name):
     """At every attended position of the rows, in each layout and ``keep`` form the estimators use, the logits of rows
     packed two or three to a row (twice the batch's width) are the unpacked ones (positions not attended: zeros; Dream:
     a row's first attended token, a prompt token, reads itself, not the padding before it); without segment ids they are
-    not."""
+    not. The output layer scores the kept attended positions only, not the packed rows' other examples' prompts."""
     model, fam = models[name]
     batch = rollout(fam)
     p, r = batch["prompt_ids"].shape[1], batch["completion_ids"].shape[1]
@@ -270,7 +273,12 @@ def test_packed_scoring_logits_equal_unpacked(models, name):
             seen = attention[:, cols].bool()
             compared = seen & (cols != first[:, None]) if fam.shift else seen
             want = fam.logits(model, noisy, attention, clean_ids=clean_ids, keep=keep)
+            fed = []  # positions the output layer scores: the kept attended ones only (Dream: those they read)
+            head = model.get_output_embeddings().register_forward_hook(
+                lambda m, i, o, fed=fed: fed.append(i[0].shape[:-1]))
             got = PackedFamily(fam, width).logits(model, noisy, attention, clean_ids=clean_ids, keep=keep)
+            head.remove()
+            assert len(fed) == 1 and (fed[0].numel() <= seen.sum() if fam.shift else fed[0].numel() == seen.sum())
             assert got.shape == want.shape and not got[~seen].any()
             assert (got - want)[compared].abs().max() < TOL, (keep, clean_ids is not None)
 

@@ -309,8 +309,9 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
 
 class DiffusionLM(DiffusionPreTrainedModel):
     """``backbone -> LM head``; returns raw (unshifted) logits. Use ``dare.models.Family.logits`` for logits aligned
-    to the denoised positions. ``logits_to_keep`` (int: last k; or an index tensor) avoids materialising
-    vocabulary-sized rows that nobody reads."""
+    to the denoised positions. ``logits_to_keep`` (int: last k; an index tensor of positions; or a boolean ``[B, L]``
+    mask, whose True positions give ``[M, V]`` in row-major order) avoids materialising vocabulary-sized rows that
+    nobody reads."""
 
     _tied_weights_keys: dict = {}
 
@@ -349,6 +350,8 @@ class DiffusionLM(DiffusionPreTrainedModel):
         h = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             h = h[:, -logits_to_keep:] if logits_to_keep else h
+        elif logits_to_keep.dtype == torch.bool:  # [B, L]: these positions only, flattened to [M, V]
+            h = h[logits_to_keep]
         else:
             h = h[:, logits_to_keep]
         logits = self.get_output_embeddings()(h)

@@ -114,7 +114,9 @@ class Family:
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
-          position 0 does above). Each example's logits are those it gets alone.
+          position 0 does above). Each example's logits are those it gets alone. ``keep`` here is a boolean
+          ``[B, L]``: the logits of its True positions only, ``[M, V]`` in row-major order (a packed row's
+          prompts and padding are read by nothing).
         * uniform-noise families (DiffusionGemma, ``dare.models.diffusion_gemma``): the plain layout is one canvas
           read by the decoder against the encoder's ``cache`` (``attention_mask`` covers the cached columns and the
           canvas); the doubled layout (``clean_ids``) needs ``start`` ``[B]``, the column where each row's completion
@@ -124,14 +126,18 @@ class Family:
             return self._uniform_logits(model, input_ids, attention_mask, clean_ids, position_ids, cache, keep,
                                         segment_ids, start, self_conditioning, self_conditioning_mask)
         if segment_ids is not None:
-            if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids, keep)):
+            if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids)):
                 raise ValueError("segment_ids define the attention and the positions of packed rows: pass no "
-                                 "attention_mask, position_ids, cache or keep with them")
+                                 "attention_mask, position_ids or cache with them")
+            if keep is not None and not (torch.is_tensor(keep) and keep.dtype == torch.bool
+                                         and keep.shape == input_ids.shape):
+                raise ValueError(f"packed rows keep a boolean mask of their shape {tuple(input_ids.shape)}, got "
+                                 f"{keep if not torch.is_tensor(keep) else (keep.dtype, tuple(keep.shape))}")
             if _attention(model).startswith("flash"):
                 raise ValueError("packed rows need a 4-D attention mask: load the model with attn_implementation="
                                  "'sdpa' (or 'eager')")
             if clean_ids is None:
-                return self._packed_logits(model, input_ids, segment_ids)
+                return self._packed_logits(model, input_ids, segment_ids, keep)
         if clean_ids is None:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
@@ -159,6 +165,8 @@ class Family:
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
+        if segment_ids is not None and keep is not None:  # the kept noisy positions; the clean half: none
+            rows = torch.cat([keep, torch.zeros_like(keep)], 1)
         if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
             skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
             ids, pos, rows = ids[:, skip:], pos[:, skip:], rows - skip
@@ -226,14 +234,22 @@ class Family:
         return diffusion_gemma.layout_logits(model, input_ids, clean_ids, attention_mask, start, keep,
                                              self_conditioning, self_conditioning_mask)
 
-    def _packed_logits(self, model, input_ids, segment_ids):
+    def _packed_logits(self, model, input_ids, segment_ids, keep=None):
         pos, ok = masks.packed_layout(segment_ids, self.block_size)
         mask = masks.for_attention(ok, next(model.parameters()).dtype, _attention(model))
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
         if not self.shift:
-            return out
-        source = torch.arange(input_ids.shape[1], device=out.device) - (pos > 0).long()
-        return out.gather(1, source[..., None].expand_as(out))
+            return model(input_ids=input_ids, attention_mask=mask, position_ids=pos,
+                         logits_to_keep=0 if keep is None else keep).logits
+        source = torch.arange(input_ids.shape[1], device=input_ids.device) - (pos > 0).long()
+        if keep is None:
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
+            return out.gather(1, source[..., None].expand_as(out))
+        rows, cols = keep.nonzero(as_tuple=True)
+        read = torch.zeros_like(keep)
+        read[rows, source[rows, cols]] = True  # the positions the kept ones read (two may read one)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, logits_to_keep=read).logits
+        rank = read.flatten().cumsum(0) - 1  # each read position's row of ``out``
+        return out[rank[rows * keep.shape[1] + source[rows, cols]]]
 
     def _check_whole_blocks(self, cache, attention_mask, length):
         """Rows that feed real tokens must have whole blocks cached (rows feeding only padding are done)."""
