@@ -70,15 +70,15 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
 
     clean = input_ids if family.is_block_diffusion else None
     padding = attention_mask if segment_ids is None else None
-    if sp is None:
-        logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids)
-        mine = local = masked
+    if sp is None:  # the masked positions' logits only: the output layer and the logits skip every other position
+        logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids, keep=masked)
+        mine = masked
     else:  # this process scores its chunk of every row; the group's losses add up to the whole loss
-        logits = sp.logits(family, model, noisy, padding, clean_ids=clean, segment_ids=segment_ids)
         part = sp.chunk(input_ids.shape[1])
-        mine, local = torch.zeros_like(masked), masked[:, part]  # mine: the whole row's positions of this chunk
-        mine[:, part] = local
-    ce = F.cross_entropy(logits[local].float(), input_ids[mine], reduction="none")
+        logits = sp.logits(family, model, noisy, padding, clean_ids=clean, segment_ids=segment_ids)[masked[:, part]]
+        mine = torch.zeros_like(masked)  # the whole row's positions of this chunk
+        mine[:, part] = masked[:, part]
+    ce = F.cross_entropy(logits.float(), input_ids[mine], reduction="none")
     token = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     token = token.index_put((mine,), ce)
     if recipe.weight == "inverse_t":

@@ -204,6 +204,46 @@ def test_doubled_layout_skips_only_the_unread_noisy_prompt(family):
                      logits_to_keep=rows - skip - 1).logits
     assert (over - full.detach()).abs().max() > 1e-4
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_boolean_keep_scores_its_positions_only(family):
+    """``keep=<[B, L] bool>`` (SFT's masked positions) gives the full logits at those positions and their gradients
+    (1e-6), in the plain layout, in ``[x_t ‖ x_0]`` and against a clean cache, while the output layer scores those
+    positions only (Dream: the positions they read, once each)."""
+    model, tok = tiny(family)
+    fam = Family.from_pretrained(model.config, tok)
+    x0 = ids(tok, 3, 4 * 8, seed=2)
+    xt = x0.masked_fill(torch.rand(x0.shape, generator=torch.Generator().manual_seed(3)) < 0.5, fam.mask_id)
+    mask = torch.ones_like(x0)
+    mask[1, -5:] = 0  # right padding (SFT)
+    mask[2, :3] = 0  # left padding (RL)
+    keep = (torch.rand(x0.shape, generator=torch.Generator().manual_seed(4)) < 0.3) & mask.bool()
+    keep[0, :2] = True  # Dream: positions 0 and 1 both read row 0
+    layouts = [{}] + ([{"clean_ids": x0}, {"clean_ids": x0, "clean_cache": True}] if fam.is_block_diffusion else [])
+    model.train()  # no dropout in the tiny configs: train() only enables the graph
+    for layout in layouts:
+        kw = dict(layout)
+        full = fam.logits(model, xt, mask, **{k: v for k, v in kw.items() if k != "clean_cache"})[keep]
+        full.float().pow(2).mean().backward()
+        want = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+        model.zero_grad()
+        if kw.get("clean_cache"):
+            kw["clean_cache"] = fam.clean_cache(model, x0, mask)
+        fed = []
+        head = model.get_output_embeddings().register_forward_hook(lambda m, i, o: fed.append(i[0].shape[:-1]))
+        kept = fam.logits(model, xt, mask, keep=keep, **kw)
+        head.remove()
+        kept.float().pow(2).mean().backward()
+        assert kept.shape == full.shape and (kept - full).abs().max() < 1e-6, layout.keys()
+        grads = {n: q.grad for n, q in model.named_parameters() if q.grad is not None}
+        assert max(float((grads[n] - g).abs().max()) for n, g in want.items() if n in grads) < 1e-6
+        assert all(float(g.abs().max()) == 0 for n, g in want.items() if n not in grads)
+        model.zero_grad()
+        scored = fed[-1].numel()  # the last call's (a clean cache's own pass scores one row)
+        assert scored == int(keep.sum()) - int(fam.shift), (layout.keys(), scored)
+    with pytest.raises(ValueError, match="a boolean keep must have the shape of input_ids"):
+        fam.logits(model, xt, mask, keep=keep[:, 1:])
+
+
 # ---------------------------------------------------------------- alignment
 
 

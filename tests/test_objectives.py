@@ -151,8 +151,12 @@ def test_loss_matches_spec_formula(models, name):
     t = torch.tensor([0.3, 0.6, 0.9])
     g = torch.Generator().manual_seed(2)
     masked = (torch.rand(ids.shape, generator=g) < t[:, None]) & loss_mask.bool()
+    fed = []  # the output layer scores the masked positions only (Dream: the ones they read)
+    head = model.get_output_embeddings().register_forward_hook(lambda m, i, o: fed.append(i[0].shape[:-1].numel()))
     with torch.no_grad():
         loss = sft_loss(model, fam, ids, loss_mask, attn, t=t, masked=masked)
+    head.remove()
+    assert fed[-1] <= int(masked.sum()) if fam.shift else fed[-1] == int(masked.sum())
     noisy = ids.masked_fill(masked, fam.mask_id)
     logits = direct_logits(model, fam, noisy, ids, attn)
     expect = spec_loss(logits, ids, masked, loss_mask, t, name)

@@ -99,7 +99,8 @@ class Family:
                start: torch.Tensor | None = None, self_conditioning: torch.Tensor | None = None,
                self_conditioning_mask: torch.Tensor | None = None, clean_cache=None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
-        the last k positions ``[B, k, V]`` and ``keep=positions`` (1-D) only those, without materialising the rest.
+        the last k positions ``[B, k, V]``, ``keep=positions`` (1-D) only those, and a boolean ``[B, L]`` ``keep`` the
+        True positions ``[M, V]`` in row-major order (SFT's masked positions), without materialising the rest.
 
         * plain layout (``clean_ids=None``): the model's own attention (bidirectional, or block-causal for block
           families), with a padding mask and an optional cache. For a shifted family (Dream) position 0 of the
@@ -114,9 +115,8 @@ class Family:
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
-          position 0 does above). Each example's logits are those it gets alone. ``keep`` here is a boolean
-          ``[B, L]``: the logits of its True positions only, ``[M, V]`` in row-major order (a packed row's
-          prompts and padding are read by nothing).
+          position 0 does above). Each example's logits are those it gets alone. ``keep`` here is boolean, if
+          any (a packed row's other prompts and padding are read by nothing).
         * uniform-noise families (DiffusionGemma, ``dare.models.diffusion_gemma``): the plain layout is one canvas
           read by the decoder against the encoder's ``cache`` (``attention_mask`` covers the cached columns and the
           canvas); the doubled layout (``clean_ids``) needs ``start`` ``[B]``, the column where each row's completion
@@ -125,14 +125,17 @@ class Family:
         if self.noise == "uniform":
             return self._uniform_logits(model, input_ids, attention_mask, clean_ids, position_ids, cache, keep,
                                         segment_ids, start, self_conditioning, self_conditioning_mask)
+        masked = torch.is_tensor(keep) and keep.dtype == torch.bool
+        if masked and keep.shape != input_ids.shape:
+            raise ValueError(f"a boolean keep must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                             f"{tuple(keep.shape)}")
         if segment_ids is not None:
             if any(x is not None for x in (attention_mask, position_ids, cache, key_position_ids)):
                 raise ValueError("segment_ids define the attention and the positions of packed rows: pass no "
                                  "attention_mask, position_ids or cache with them")
-            if keep is not None and not (torch.is_tensor(keep) and keep.dtype == torch.bool
-                                         and keep.shape == input_ids.shape):
+            if keep is not None and not masked:
                 raise ValueError(f"packed rows keep a boolean mask of their shape {tuple(input_ids.shape)}, got "
-                                 f"{keep if not torch.is_tensor(keep) else (keep.dtype, tuple(keep.shape))}")
+                                 f"{keep if not torch.is_tensor(keep) else tuple(keep.shape)}")
             if _attention(model).startswith("flash"):
                 raise ValueError("packed rows need a 4-D attention mask: load the model with attn_implementation="
                                  "'sdpa' (or 'eager')")
@@ -142,6 +145,10 @@ class Family:
             if cache is not None and self.block_size is not None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
             width = input_ids.shape[1]
+            if masked:  # a shifted family's position i reads row i - 1 (position 0 itself)
+                source = (torch.arange(width, device=keep.device) - 1).clamp(min=0).expand_as(keep)
+                return self._kept_logits(model, keep, source, input_ids=input_ids, attention_mask=attention_mask,
+                                         position_ids=position_ids, cache=cache, key_position_ids=key_position_ids)
             if torch.is_tensor(keep):  # explicit positions: a shifted family reads each one a position back
                 rows = (keep - 1).clamp(min=0) if self.shift else keep
                 return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -165,12 +172,13 @@ class Family:
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
-        if segment_ids is not None and keep is not None:  # the kept noisy positions; the clean half: none
-            rows = torch.cat([keep, torch.zeros_like(keep)], 1)
         if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
-            skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
-            ids, pos, rows = ids[:, skip:], pos[:, skip:], rows - skip
+            columns = keep.any(0).nonzero()[:, 0] if masked else rows
+            skip = masks.unread_noisy_columns(attention_mask, columns, width, self.block_size)
+            ids, pos, rows = ids[:, skip:], pos[:, skip:], keep[:, skip:] if masked else rows - skip
             ok = None if ok is None else ok[:, skip:, skip:]
+        if masked:  # the kept noisy positions; the clean half: none
+            rows = torch.cat([rows, torch.zeros_like(keep)], 1)
         return model(input_ids=ids, attention_mask=masks.for_attention(ok, dtype, _attention(model)), position_ids=pos,
                      logits_to_keep=rows).logits
 
@@ -200,7 +208,9 @@ class Family:
         valid = (torch.ones_like(noisy, dtype=torch.bool) if attention_mask is None else attention_mask.bool())
         pos = masks.positions_from_padding(valid)
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=noisy.device)
-        skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size) if keep is not None else 0
+        masked = rows.dtype == torch.bool  # a boolean [B, L] keep: its True positions, [M, V]
+        columns = rows.any(0).nonzero()[:, 0] if masked else rows
+        skip = masks.unread_noisy_columns(attention_mask, columns, width, self.block_size) if keep is not None else 0
         q_pos = pos[:, skip:]
         clean = torch.ones(batch, width, dtype=torch.bool, device=noisy.device)
         ok = masks.visible(q_pos, torch.cat([pos, q_pos], 1), self.block_size,
@@ -211,7 +221,7 @@ class Family:
         for i, layer in enumerate(cache.layers):
             fresh.update(layer.keys, layer.values, i)
         logits = model(input_ids=noisy[:, skip:], attention_mask=mask, position_ids=q_pos, cache=fresh,
-                       logits_to_keep=rows - skip).logits
+                       logits_to_keep=rows[:, skip:] if masked else rows - skip).logits
         return logits + cache.anchor.sum() * 0.0 if torch.is_grad_enabled() else logits
 
     def _uniform_logits(self, model, input_ids, attention_mask, clean_ids, position_ids, cache, keep, segment_ids,
@@ -237,17 +247,21 @@ class Family:
     def _packed_logits(self, model, input_ids, segment_ids, keep=None):
         pos, ok = masks.packed_layout(segment_ids, self.block_size)
         mask = masks.for_attention(ok, next(model.parameters()).dtype, _attention(model))
+        source = torch.arange(input_ids.shape[1], device=input_ids.device) - (pos > 0).long()  # shifted: i-1 in it
+        if keep is not None:
+            return self._kept_logits(model, keep, source, input_ids=input_ids, attention_mask=mask, position_ids=pos)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
+        return out.gather(1, source[..., None].expand_as(out)) if self.shift else out
+
+    def _kept_logits(self, model, keep, source, **inputs):
+        """``[M, V]``: the logits of ``keep``'s True positions, row-major; a shifted family's position ``(r, c)`` reads
+        the model's row ``(r, source[r, c])``, computed once where two positions read one."""
         if not self.shift:
-            return model(input_ids=input_ids, attention_mask=mask, position_ids=pos,
-                         logits_to_keep=0 if keep is None else keep).logits
-        source = torch.arange(input_ids.shape[1], device=input_ids.device) - (pos > 0).long()
-        if keep is None:
-            out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
-            return out.gather(1, source[..., None].expand_as(out))
+            return model(**inputs, logits_to_keep=keep).logits
         rows, cols = keep.nonzero(as_tuple=True)
         read = torch.zeros_like(keep)
-        read[rows, source[rows, cols]] = True  # the positions the kept ones read (two may read one)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, logits_to_keep=read).logits
+        read[rows, source[rows, cols]] = True
+        out = model(**inputs, logits_to_keep=read).logits
         rank = read.flatten().cumsum(0) - 1  # each read position's row of ``out``
         return out[rank[rows * keep.shape[1] + source[rows, cols]]]
 
