@@ -229,7 +229,8 @@ def test_a_boolean_keep_scores_its_positions_only(family):
         if kw.get("clean_cache"):
             kw["clean_cache"] = fam.clean_cache(model, x0, mask)
         fed = []
-        head = model.get_output_embeddings().register_forward_hook(lambda m, i, o: fed.append(i[0].shape[:-1]))
+        head = model.get_output_embeddings().register_forward_hook(
+            lambda m, i, o, fed=fed: fed.append(i[0].shape[:-1]))
         kept = fam.logits(model, xt, mask, keep=keep, **kw)
         head.remove()
         kept.float().pow(2).mean().backward()
