@@ -64,7 +64,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
         completions share one canvas until their first commit (and all along when decoded greedily)."""
         xs, attns = (x, attn) if rows is None else (x[rows], attn[rows])
         distinct, copy = torch.unique(torch.cat([xs, attns], 1), dim=0, return_inverse=True)
-        if len(distinct) < len(xs):  # (unique sorts its rows: the copy puts each back in its place)
+        shared = len(distinct) < len(xs)
+        if shared:  # (unique sorts its rows: the copy puts each back in its place)
             xs, attns = distinct[:, :x.shape[1]], distinct[:, x.shape[1]:]
         lg = family.logits(model, xs, attns, cache=cache, keep=keep)
         if cfg.cfg_scale:
@@ -73,7 +74,7 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
             lg_u = family.logits(model, uncond, attns, keep=keep)
             out.nfe += 1
             lg = lg_u + (cfg.cfg_scale + 1) * (lg - lg_u)
-        if len(xs) < len(copy):
+        if shared:
             lg = lg[copy]
             if cache is not None:
                 keep_rows(cache, copy)
