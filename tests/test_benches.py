@@ -1,6 +1,6 @@
 """The benches cannot rot: the GPU check's dry run (tiny models, CPU, short lengths) runs every row of its table;
 the live-tensor peak counts what is alive, never freed memory; the trained stand-in recipes train and feed
-bench_sampling.py; the packing bench runs its quick mode."""
+bench_sampling.py; the packing bench runs its quick mode; the RL bench splits a step and prints its rollout share."""
 
 import os
 import re
@@ -111,3 +111,21 @@ def test_packing_bench_quick():
     modes, rates, padding = zip(*table, strict=True)
     assert modes == ("pad max_length", "pad longest", "packed")
     assert padding[0] > padding[1] > padding[2] and min(rates) > 0
+
+
+def test_rl_bench_splits_a_step_and_prints_the_rollout_share():
+    """bench_rl.py on tiny LLaDA and SDAR: a row per (model, variant) whose parts add up to ``step s`` and whose
+    share is rollout / step; 4 tokens per step takes less than half of one token per step's forwards."""
+    out = subprocess.run([sys.executable, "bench/bench_rl.py", "--variants", "plain", "cache + 4 tok/step", "fast",
+                          "--steps", "1", "--warmup", "0", "--gen-length", "16", "--prompts", "2", "--generations",
+                          "2", "--micro-batch", "4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {(cells[0], cells[1]): cells for line in out.stdout.splitlines() if line.startswith(("| llada", "| sdar"))
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert set(rows) == {(f, v) for f in ("llada", "sdar") for v in ("plain", "cache + 4 tok/step", "fast")}, rows
+    for (family, _), cells in rows.items():
+        rollout, reward, old, train, step = (float(c) for c in cells[3:8])
+        assert abs(rollout + reward + old + train - step) < 2e-3 and step > 0
+        share, r = int(cells[12].rstrip("%")), 5e-4  # the seconds are printed rounded to 3 decimals
+        assert 100 * (rollout - r) / (step + r) - 0.5 <= share <= 100 * (rollout + r) / (step - r) + 0.5, cells
+        assert int(rows[family, "cache + 4 tok/step"][11]) < 0.5 * int(rows[family, "plain"][11]), rows
