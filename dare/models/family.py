@@ -173,8 +173,7 @@ class Family:
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
         if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
-            columns = keep.any(0).nonzero()[:, 0] if masked else rows
-            skip = masks.unread_noisy_columns(attention_mask, columns, width, self.block_size)
+            skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
             ids, pos, rows = ids[:, skip:], pos[:, skip:], keep[:, skip:] if masked else rows - skip
             ok = None if ok is None else ok[:, skip:, skip:]
         if masked:  # the kept noisy positions; the clean half: none
@@ -209,8 +208,7 @@ class Family:
         pos = masks.positions_from_padding(valid)
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=noisy.device)
         masked = rows.dtype == torch.bool  # a boolean [B, L] keep: its True positions, [M, V]
-        columns = rows.any(0).nonzero()[:, 0] if masked else rows
-        skip = masks.unread_noisy_columns(attention_mask, columns, width, self.block_size) if keep is not None else 0
+        skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size) if keep is not None else 0
         q_pos = pos[:, skip:]
         clean = torch.ones(batch, width, dtype=torch.bool, device=noisy.device)
         ok = masks.visible(q_pos, torch.cat([pos, q_pos], 1), self.block_size,

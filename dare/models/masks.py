@@ -146,7 +146,10 @@ def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor
     """How many leading columns of the ``[x_t ‖ x_0]`` layout's noisy half no kept row ``rows`` (1-D columns of the
     noisy half) can read: a noisy query reads noisy keys of its own block only and clean keys of earlier blocks, and
     clean queries read clean keys only, so a row's noisy columns in blocks before its first kept block (the prompt's
-    whole blocks, in RL scoring) change no kept logit. The count is the same for every row (the batch's minimum)."""
+    whole blocks, in RL scoring) change no kept logit. The count is the same for every row (the batch's minimum).
+    ``rows`` may also be a boolean ``[B, L]`` keep: the columns any row keeps."""
+    if rows.dtype == torch.bool:
+        rows = rows.any(0).nonzero()[:, 0]
     if rows.numel() == 0:
         return 0
     device = rows.device
