@@ -55,9 +55,9 @@ class Args:
     # sync: decode each batch with the policy it trains | ahead: decode the next batch on a copy of the policy while
     # this one trains (one cycle off-policy; the ratio's old log-probs from the copy: dare/trainers/rollout_modes.py)
     rollout_mode: Literal["sync", "ahead"] = "sync"
-    # DAPO's dynamic sampling: roll out this many more prompts (a fraction of the step's) and train on the groups
-    # whose rewards differ, as many as the step holds (0: off; logged: rollout/groups_dropped, groups_without_signal)
-    dynamic_sampling: float = 0.0
+    # a completion that ends without a stop token (cut off by gen_length) scores 0 and counts as wrong (TraceRL's and
+    # DiRL's rule); which groups train is the algorithm's --algo-config.dynamic-sampling.* section
+    truncated_is_wrong: bool = False
     reward_workers: int = 8  # threads scoring completions (the code reward waits on sandboxed subprocesses)
     lora: LoraArgs = field(default_factory=LoraArgs)
     output_dir: str = "outputs/rl"  # checkpoints, logs and the final model go here
@@ -185,8 +185,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
                               positions)
     algo.check_engine(engine)
-    if args.dynamic_sampling:
-        algo.check_dynamic_sampling()
+    algo.check_dynamic_sampling(sampling)
     validation = args.validation.over(args.rollout)
     if evaluation is not None:
         validation = check_decoding(engine, validation, family, "validation", longest_eval, positions)
@@ -202,7 +201,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
                    rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
                    log_completions=args.log_completions, console=args.console,
                    sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server,
-                   dynamic_sampling=args.dynamic_sampling, rollout_mode=args.rollout_mode)
+                   truncated_is_wrong=args.truncated_is_wrong, rollout_mode=args.rollout_mode)
 
 
 def preference(args: Args, config, tokenizer, family) -> partial:
@@ -233,8 +232,6 @@ def check_counts(args: Args) -> None:
     loads."""
     least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
              "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
-    if not args.dynamic_sampling >= 0:
-        raise ValueError(f"--dynamic-sampling is a fraction of extra prompts, >= 0; got {args.dynamic_sampling}")
     for knob, low in least.items():
         if getattr(args, knob) < low:
             why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""

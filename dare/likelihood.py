@@ -79,29 +79,36 @@ def batch_attention(family, batch) -> torch.Tensor:
 
 def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float = 1.0, banned: tuple = (),
                  positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
-                 clean_cache=None) -> Estimate:
+                 clean_cache=None, keep=None) -> Estimate:
     """``log p(y_k | noisy)`` for the completion positions of ``prompt ‖ completion`` (all of them, or the completion
-    indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler).
-    ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp`` ``[N, C, R]``).
-    ``clean_cache``: ``shared_clean``'s cache of this batch (block families: only the noisy half is fed)."""
+    indices ``positions``) given the noisy version. ``banned`` token ids get probability 0 (as in the sampler);
+    ``keep``: the sampler's top-k / top-p filter of logits (``-inf`` for the tokens it removes), applied before the
+    temperature as the sampler draws; the scored token always stays (the rollout drew it from the rollout policy's
+    filtered set). ``targets`` ``[N, C, R]``: score C candidate completions from the one forward instead (``logp``
+    ``[N, C, R]``). ``clean_cache``: ``shared_clean``'s cache of this batch (block families: only the noisy half is
+    fed)."""
     completion = batch["completion_ids"]
     if family.noise == "uniform":
-        if temperature != 1.0 or banned or positions is not None or targets is not None:
+        if temperature != 1.0 or banned or positions is not None or targets is not None or keep is not None:
             raise ValueError(f"{family.name}: uniform-noise scoring takes whole canvases, untempered")
         logp = canvas_logits(model, family, batch, noisy).log_softmax(-1)
         return Estimate(logp.gather(-1, completion[..., None])[..., 0], entropy_of(logp))
     logits = completion_logits(model, family, batch, noisy, positions, clean_cache)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 models: log-softmax in fp32
-    if temperature != 1.0:
-        logits = logits / temperature
     if banned:
         logits[..., list(banned)] = float("-inf")
+    single = completion if positions is None else completion[:, positions]
+    if keep is not None:
+        if targets is not None:
+            raise ValueError("filtered scoring takes the completion's own tokens, not candidate targets")
+        logits = keep(logits).scatter(-1, single[..., None], logits.gather(-1, single[..., None]))
+    if temperature != 1.0:
+        logits = logits / temperature
     logp = logits.log_softmax(-1)
     entropy = entropy_of(logp)
     if targets is not None:
         return Estimate(logp.gather(-1, targets.transpose(1, 2)).transpose(1, 2), entropy)
-    targets = completion if positions is None else completion[:, positions]
-    return Estimate(logp.gather(-1, targets[..., None])[..., 0], entropy)
+    return Estimate(logp.gather(-1, single[..., None])[..., 0], entropy)
 
 
 def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torch.Tensor | None = None,
@@ -585,38 +592,69 @@ def trajectory_blocks(family, batch) -> torch.Tensor:
 
 @dataclass
 class SampledSteps:
-    """AGRPO's amortised trajectory likelihood: each of ``samples`` draws picks, uniformly and independently, one
-    recorded step of every row (block families: one block-local step of every block, all replayed in one forward)
-    and scores the tokens that step committed from the canvas before it, with the sampler's temperature and banned
-    tokens. ``corrupt`` gives per position the drawn step ``at`` ``[N, K, R]`` and the weight ``[N, K, R]`` that makes
-    the draw unbiased: ``S_b / T`` (S_b the steps of the position's block, T the row's steps, so the expectation is
-    the row's mean over its steps) or ``S_b`` with ``step_weight="sum"`` (the sum over steps: the full-trajectory
-    log-probability)."""
+    """AGRPO's amortised trajectory likelihood: each of ``samples`` draws picks one recorded step of every row (block
+    families: one block-local step of every block, all replayed in one forward) and scores the tokens that step
+    committed from the canvas before it, with the sampler's temperature, banned tokens and top-k / top-p filter
+    (``keep``). The steps of a block are ``0 .. S_b - 1`` (S_b: its last recorded step + 1). ``proposal``: ``uniform``
+    draws each with probability ``q = 1 / S_b``; ``entropy`` with ``q`` proportional to ``1e-8 + the summed entropy of
+    the tokens it committed`` (``batch["entropy"]``, recorded by the sampler: the authors' proposal).
+    ``low_discrepancy``: the batch's uniforms of each block column are stratified over rows x draws (``(perm + U) /
+    (N K)``, the authors' draws) instead of independent. ``corrupt`` gives per position the drawn step ``at`` ``[N, K,
+    R]`` and the weight ``[N, K, R]`` that makes the draw unbiased: ``1 / (T q)`` (T the row's steps, so the
+    expectation is the row's mean over its steps) or ``1 / q`` with ``step_weight="sum"`` (the sum over steps: the
+    full-trajectory log-probability)."""
 
     samples: int = 4
     temperature: float = 1.0
     banned: tuple = ()
     step_weight: str = "mean"
+    proposal: str = "uniform"
+    low_discrepancy: bool = False
+    keep: object = None  # the sampler's top-k / top-p logits filter (score_tokens), or None
 
     def corrupt(self, family, batch, generator=None) -> dict:
         steps = batch["steps"]
+        rows, device = len(steps), steps.device
         block = trajectory_blocks(family, batch).clamp(min=0)
-        spans = torch.zeros(len(steps), int(block.max()) + 1, dtype=torch.long, device=steps.device)
+        spans = torch.zeros(rows, int(block.max()) + 1, dtype=torch.long, device=device)
         spans = spans.scatter_reduce(1, block, (steps + 1).clamp(min=0), "amax")  # [N, blocks]: steps of each block
-        u = uniform((len(steps), self.samples, spans.shape[1]), generator, steps.device)
-        at = torch.minimum((u * spans[:, None]).floor().long(), (spans[:, None] - 1).clamp(min=0))
-        share = spans.to(torch.float64)
-        if self.step_weight == "mean":
-            share = share / share.sum(-1, keepdim=True).clamp(min=1)
-        weight = share.gather(1, block)[:, None].expand(-1, self.samples, -1)
-        return {"at": at.gather(2, block[:, None].expand(-1, self.samples, -1)), "weight": weight.contiguous()}
+        if self.low_discrepancy:
+            shape = (rows * self.samples, spans.shape[1])
+            where = generator.device if generator is not None else device
+            order = torch.stack([torch.randperm(shape[0], generator=generator, device=where)
+                                 for _ in range(shape[1])], 1).to(device)
+            u = ((order + uniform(shape, generator, device)) / shape[0]).view(rows, self.samples, -1)
+        else:
+            u = uniform((rows, self.samples, spans.shape[1]), generator, device)
+        total = spans.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)  # T: the row's steps
+        scale = 1 / total if self.step_weight == "mean" else torch.ones_like(total)
+        if self.proposal == "uniform":
+            at = torch.minimum((u * spans[:, None]).floor().long(), (spans[:, None] - 1).clamp(min=0))
+            weight = (scale * spans)[:, None].expand(-1, self.samples, -1)  # 1 / q = S_b
+        else:
+            width = int(spans.max()) if spans.numel() else 0
+            live = steps >= 0
+            key = block * max(width, 1) + steps.clamp(min=0)
+            mass = torch.zeros(rows, spans.shape[1] * max(width, 1), dtype=torch.float64, device=device)
+            mass = mass.scatter_add(1, key, (batch["entropy"].double() * live)).view(rows, spans.shape[1], -1)
+            inside = torch.arange(mass.shape[-1], device=device) < spans[..., None]
+            mass = (mass + 1e-8) * inside
+            q = mass / mass.sum(-1, keepdim=True).clamp(min=1e-300)
+            cdf = q.cumsum(-1)
+            at = torch.searchsorted(cdf[:, None].expand(-1, self.samples, -1, -1).contiguous(),
+                                    (u * cdf[:, None, :, -1]).unsqueeze(-1)).squeeze(-1)
+            at = torch.minimum(at, (spans[:, None] - 1).clamp(min=0))
+            drawn = q[:, None].expand(-1, self.samples, -1, -1).gather(-1, at.unsqueeze(-1)).squeeze(-1)
+            weight = torch.where(spans[:, None] > 0, scale[:, None] / drawn.clamp(min=1e-300), 0.0)
+        index = block[:, None].expand(-1, self.samples, -1)
+        return {"at": at.gather(2, index), "weight": weight.gather(2, index).contiguous()}
 
     def score(self, model, family, batch, noise, draw: int | None = None) -> Estimate:
         if draw is None:  # every draw (no-grad old / reference scoring): [N, K, R]
             ests = [self.score(model, family, batch, noise, j) for j in range(self.samples)]
             return Estimate(torch.stack([e.logp for e in ests], 1), torch.stack([e.entropy for e in ests], 1))
         return score_tokens(model, family, batch, canvas_before(family, batch, noise["at"][:, draw]), self.temperature,
-                            self.banned)
+                            self.banned, keep=self.keep)
 
 
 @dataclass

@@ -73,3 +73,28 @@ def test_igpo_inpaints_only_all_failed_groups_and_leaves_the_hints_out_of_the_lo
     block, block_tok = tiny("sdar")
     with pytest.raises(ValueError, match="igpo does not apply to sdar .*later blocks' hints"):
         algo.check_family(Family.from_pretrained(block.config, block_tok))
+
+
+def test_the_sequence_ratio_is_one_clipped_ratio_per_row():
+    """ratio_level sequence (the authors' use_gspo): every loss token of a row carries s = exp(the row's mean
+    log-ratio over its loss tokens), clipped as one: a row whose s left the clip range has no gradient, even where
+    its own token's ratio would not have been clipped; per token (ratio_level token) those tokens still move."""
+    from dare.likelihood import Estimate
+    old = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]], dtype=torch.float64)
+    shift = torch.tensor([[0.6, 0.6, 0.6, -0.3], [0.01, -0.02, 0.03, 0.0]], dtype=torch.float64)  # row 0: s = e^0.3
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    batch = {"loss_mask": mask, "advantages": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    grads = {}
+    for level in ("sequence", "token"):
+        logp = (old + shift).requires_grad_()
+        algo = get_algorithm("igpo")(ratio_level=level, eps_low=0.2, eps_high=0.2)
+        loss, stats = algo.loss(Estimate(logp), batch, old, None, mask.sum())
+        grads[level] = torch.autograd.grad(loss, logp)[0]
+        if level == "sequence":
+            s = torch.exp((shift * mask).sum(-1) / mask.sum(-1))
+            ratio_sum, tokens = stats["ratio"]
+            assert abs(float(ratio_sum) - float((s[:, None] * mask).sum())) < 1e-5 and tokens == 7
+            expected = torch.where(mask.bool(), -s[1] / 7, 0.0)[1]  # row 1 unclipped: d(-A s) / d logp_t = -A s / N
+            assert torch.allclose(grads[level][1], expected)
+    assert (grads["sequence"][0] == 0).all(), "row 0's sequence ratio e^0.3 > 1.2: the whole row is clipped"
+    assert grads["token"][0, 3] != 0, "per token, the token whose own ratio is e^-0.3 is not clipped"

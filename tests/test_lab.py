@@ -158,7 +158,7 @@ def test_every_task_gives_the_lab_a_start_with_learning_signal(task, tmp_path):
 def test_lab_profiles_set_the_algorithms_own_learning_rate(tmp_path):
     lab = compare.Lab(rollouts=2)
     tuned = compare.rl_args("gdpo:lab", "tiny:llada", str(tmp_path / "g"), 0, lab)
-    assert tuned.learning_rate == 1e-4 and compare.rl_args("gdpo", "tiny:llada", str(tmp_path / "s"), 0,
+    assert tuned.learning_rate == 3e-4 and compare.rl_args("gdpo", "tiny:llada", str(tmp_path / "s"), 0,
                                                            lab).learning_rate == lab.learning_rate
     assert compare.expand(["gdpo:lab", "bgpo:lab"]) == ["gdpo:lab", "bgpo:lab"]
     with pytest.raises(SystemExit, match="no lab profile for d1"):

@@ -222,27 +222,108 @@ if "test_even_only" not in REWARDS:
         return RewardResult(score, float(score > 0.5))
 
 
-def test_signal_groups_keep_the_groups_with_a_reward_spread_first():
+if "test_length_wrong" not in REWARDS:
+    @reward("test_length_wrong")
+    def _length_wrong(completion, ground_truth, extra_info=None):
+        """Scores that differ within a group, and every answer wrong (accuracy 0)."""
+        return RewardResult((len(completion) % 7) / 6, 0.0)
+
+
+def test_signal_groups_keep_the_groups_with_a_signal_first():
+    from dare.algos.base import DynamicSampling
     from dare.trainers.rl import signal_groups
     scores = torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 0])  # groups of 2: flat, spread, flat, spread
-    assert signal_groups(scores, 2, 2) == ([1, 3], 0)
-    assert signal_groups(scores, 2, 3) == ([0, 1, 3], 1)
-    assert signal_groups(torch.zeros(6), 3, 2) == ([0, 1], 2)
+    spread = DynamicSampling(mode="pad").signal(scores, scores, 2).tolist()
+    assert spread == [False, True, False, True]
+    assert signal_groups(spread, 2) == ([1, 3], 0)
+    assert signal_groups(spread, 3) == ([0, 1, 3], 1)
+    assert signal_groups([False] * 3, 2) == ([0, 1], 2)
+    # TraceRL's accuracy band, both ends kept: groups of 5 at accuracy 0, 0.2, 0.6, 0.8, 1
+    accuracy = torch.tensor([0.0] * 5 + [1, 0, 0, 0, 0] + [1, 1, 1, 0, 0] + [1, 1, 1, 1, 0] + [1.0] * 5)
+    band = DynamicSampling(mode="drop", keep="accuracy", low=0.2, high=0.8)
+    assert band.signal(torch.zeros(25), accuracy, 5).tolist() == [False, True, True, True, False]
+    mixed = DynamicSampling(mode="resample", keep="mixed")  # DiRL's: some right, some wrong
+    assert mixed.signal(torch.zeros(25), accuracy, 5).tolist() == [False, True, True, True, False]
+    assert mixed.signal(torch.zeros(10), torch.tensor([0.0] * 5 + [1, 1, 1, 1, 0.5]), 5).tolist() == [False, True]
+
+
+def trained_prompts(folder):
+    return [json.loads(line) for line in (Path(folder) / "completions.jsonl").read_text().splitlines()]
 
 
 def test_dynamic_sampling_trains_on_the_groups_with_a_signal(data, tmp_path):
-    args = rl_args(data, tmp_path, rewards=["test_even_only"], dynamic_sampling=1.5, max_steps=1, save_steps=1,
-                   log_completions=8)
-    train_rl.main(args)
-    logged = history(tmp_path, 1)[0]
-    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    """pad: one extra draw of 1.5 x the prompts, decoded with the step's own; resample (DiRL's): new rounds until the
+    step holds its prompts' worth of groups with a signal; both then train on those first."""
+    pad = rl_args(data, tmp_path / "pad", rewards=["test_even_only"], max_steps=1, save_steps=1, log_completions=8,
+                  algo_config__dynamic_sampling__mode="pad", algo_config__dynamic_sampling__extra=1.5)
+    train_rl.main(pad)
+    logged, rows = history(tmp_path / "pad", 1)[0], trained_prompts(tmp_path / "pad")
     assert len(rows) == 8  # 2 prompts x 4 completions trained, from 2 + 3 rolled out
     odd = {r["prompt"] for r in rows if int(r["ground_truth"]) % 2}
-    assert logged["rollout/groups_without_signal"] == len(odd), (logged, rows)
-    assert logged["rollout/groups_without_signal"] < 2, "the draw of 5 prompts holds at least one even answer"
-    args = rl_args(data, tmp_path / "tree", algo="d-treerpo", dynamic_sampling=0.5)
+    assert logged["rollout/groups_without_signal"] == len(odd) and logged["rollout/dynamic_rounds"] == 0
+    resample = rl_args(data, tmp_path / "resample", rewards=["test_even_only"], max_steps=2, save_steps=2,
+                       log_completions=8, algo_config__dynamic_sampling__mode="resample",
+                       algo_config__dynamic_sampling__extra=0.5)
+    train_rl.main(resample)
+    logged = [h for h in history(tmp_path / "resample", 2) if "loss" in h]
+    rows = trained_prompts(tmp_path / "resample")
+    assert len(rows) == 16 and all(int(r["ground_truth"]) % 2 == 0 for r in rows), rows  # every group has a signal
+    assert all(h["rollout/groups_without_signal"] == 0 for h in logged)
+    assert sum(h["rollout/dynamic_rounds"] for h in logged) > 0, "a step drew an odd prompt and decoded again"
+    # no group can have a signal: the rounds run out and flat groups fill the step
+    flat = rl_args(data, tmp_path / "flat", rewards=["test_length:0"], max_steps=1, save_steps=1,
+                   algo_config__dynamic_sampling__mode="resample", algo_config__dynamic_sampling__rounds=2)
+    train_rl.main(flat)
+    logged = history(tmp_path / "flat", 1)[0]
+    assert logged["rollout/dynamic_rounds"] == 2 and logged["rollout/groups_without_signal"] == 2
+    args = rl_args(data, tmp_path / "tree", algo="d-treerpo", algo_config__dynamic_sampling__mode="pad")
     with pytest.raises(ValueError, match="dynamic sampling cannot drop d-treerpo's groups one by one: its rollout"):
         train_rl.main(args)
+    with pytest.raises(ValueError, match="mode drop .+dmpo weighs its rows itself"):
+        train_rl.main(rl_args(data, tmp_path / "dmpo", algo="dmpo", algo_config__dynamic_sampling__mode="drop"))
+    with pytest.raises(ValueError, match="Unknown dynamic_sampling.mode 'refill'"):
+        train_rl.main(rl_args(data, tmp_path / "bad", algo_config__dynamic_sampling__mode="refill"))
+
+
+def test_dropped_groups_leave_the_loss(data, tmp_path):
+    """TraceRL's filter: groups whose accuracy is outside [0.2, 0.8] leave the loss with no refill. Every answer here
+    is wrong (accuracy 0) while the scores differ: dropped, the step moves nothing; kept, it moves the weights."""
+    start = weights("tiny:llada")
+    for mode in ("drop", "off"):
+        train_rl.main(rl_args(data, tmp_path / mode, rewards=["test_length_wrong"], max_steps=1, save_steps=1,
+                              optim="sgd", learning_rate=1.0, weight_decay=0.0,
+                              algo_config__dynamic_sampling__mode=mode, algo_config__dynamic_sampling__keep="accuracy"))
+    moved = {mode: max((weights(tmp_path / mode)[k] - start[k]).abs().max().item() for k in start)
+             for mode in ("drop", "off")}
+    assert moved["drop"] == 0.0 and moved["off"] > 1e-5, moved
+    assert history(tmp_path / "drop", 1)[0]["rollout/groups_dropped"] == 2
+
+
+def test_a_truncated_completion_scores_zero(data, tmp_path):
+    """--truncated-is-wrong (TraceRL's and DiRL's rule): a completion that never stops scores 0, whatever it holds."""
+    for flag in (True, False):
+        train_rl.main(rl_args(data, tmp_path / str(flag), max_steps=1, save_steps=1, truncated_is_wrong=flag,
+                              rollout__stop_at_eos=False, algo_config__loss_mask="all"))
+    cut, kept = (history(tmp_path / str(flag), 1)[0] for flag in (True, False))
+    assert cut["completion_unfinished"] == kept["completion_unfinished"] > 0.5  # the same rollout
+    assert kept["reward"] > 0 and cut["reward"] <= kept["reward"] * (1 - cut["completion_unfinished"]) + 1e-9
+    assert cut["reward"] < kept["reward"]
+
+
+def test_the_kl_to_the_rollout_policy_needs_no_reference():
+    """kl_to rollout (TraceRL's code): the KL is measured to the log-probs of the policy that decoded the batch, so no
+    reference model is kept; on an on-policy pass it is exactly 0."""
+    from dare.algos import get_algorithm
+    algo = get_algorithm("d1")(beta=0.1, kl_to="rollout")
+    assert not algo.needs_reference and get_algorithm("d1")(beta=0.1).needs_reference
+    logp, old = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    loss, stats = algo.surrogate(logp, old, torch.tensor([1.0]), None)
+    d = logp - old
+    assert torch.allclose(stats["kl"], torch.exp(-d) + d - 1)
+    _, on_policy = algo.surrogate(logp, logp, torch.tensor([1.0]), None)
+    assert on_policy["kl"].abs().max() == 0
+    with pytest.raises(ValueError, match="kl_to rollout .+wd1 scores none"):
+        get_algorithm("wd1")(kl_to="rollout").validate(type("F", (), {"noise": "mask", "name": "llada"})())
 
 
 def test_rollout_rows_can_be_selected():
@@ -257,6 +338,39 @@ def test_rollout_rows_can_be_selected():
     part = rollout.select([3, 2])
     assert part.texts == rollout.texts[3:1:-1] and torch.equal(part.replay_ids, rollout.replay_ids[[3, 2]])
     assert all(torch.equal(a, b[[3, 2]]) for a, b in zip(part.states, rollout.states, strict=True))
+
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_rollouts_of_several_rounds_join_row_by_row(name):
+    """Resampling's rounds joined: each row as its own round had it (prompts left-padded to the widest, completion
+    sides right-padded as never decoded), so the replay and the likelihoods of a row do not change."""
+    from dare.engines import HFEngine
+    from dare.engines.base import Rollout
+    from dare.likelihood import decoding_path, rollout_attention
+    from dare.models import Family, tiny
+    from dare.sampling import SamplingConfig
+    model, tok = tiny(name)
+    fam = Family.from_pretrained(model.config, tok)
+    engine = HFEngine(model, tok, fam)
+    config = SamplingConfig(gen_length=8, temperature=1.0, record_entropy=True)
+    first = engine.generate(["a"], 2, config, 0)
+    second = engine.generate(["b c d e f", "g"], 1, config, 1)
+    both = Rollout.join([first, second], fam.pad_id)
+    assert both.texts == first.texts + second.texts and both.nfe == first.nfe + second.nfe
+    for i, (part, row) in enumerate([(first, 0), (first, 1), (second, 0), (second, 1)]):
+        width = part.prompt_ids.shape[1]
+        assert torch.equal(both.prompt_ids[i, -width:], part.prompt_ids[row])
+        assert not both.prompt_mask[i, :-width].any()
+        ids, steps, _ = decoding_path(fam, both.select([i]))
+        own_ids, own_steps, _ = decoding_path(fam, part.select([row]))
+        assert torch.equal(ids[0, :own_ids.shape[1]], own_ids[0]) and (steps[0, own_ids.shape[1]:] == -1).all()
+        assert torch.equal(steps[0, :own_steps.shape[1]], own_steps[0])
+        attended = rollout_attention(fam, both.prompt_mask[i:i + 1], both.completion_mask[i:i + 1]).sum()
+        assert attended == rollout_attention(fam, part.prompt_mask[row:row + 1],
+                                             part.completion_mask[row:row + 1]).sum()
+    assert both.entropy is not None and both.entropy.shape[0] == 4
+    with pytest.raises(ValueError, match="cannot be joined"):
+        Rollout.join([engine.generate(["a"], 1, SamplingConfig(gen_length=8, record_states=True), 0)] * 2, fam.pad_id)
 
 
 def test_a_rollouts_rewards_are_scored_once_per_prompt_and_text():

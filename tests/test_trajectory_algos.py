@@ -455,18 +455,19 @@ def test_d2_streams_add_up_to_the_token_mean_surrogate():
 # ------------------------------------------------------------------------------------------------------- agrpo
 
 @pytest.mark.parametrize("name", ["llada", "sdar"])
-@pytest.mark.parametrize("step_weight", ["mean", "sum"])
-def test_agrpo_sampled_steps_average_to_the_full_trajectory_gradient(name, step_weight):
+@pytest.mark.parametrize("step_weight,step_set", [("mean", "content"), ("sum", "content"), ("mean", "all")])
+def test_agrpo_sampled_steps_average_to_the_full_trajectory_gradient(name, step_weight, step_set):
     """The estimator's expectation, enumerated: draw j = step j in every row and block (j < S), each weighted by
     S / S_b (the uniform draw of a block of S_b steps picks j with probability 1 / S_b), must have the gradient of the
     whole-trajectory objective computed from an independent replay of every step:
     -(1/rows) sum_i A_i c_i sum_t sum_{k in U_t} log pi(y_k | z_t), c_i = 1/T_i (mean) or 1 (sum), with the
-    sampler's temperature and banned mask token."""
+    sampler's temperature and banned mask token (the entropy proposal's weights: the test below)."""
     from dare.likelihood import score_tokens, trajectory_blocks
     eng = engine(name)
     fam, model = eng.family, eng.model
     steps = 4 if not fam.is_block_diffusion else fam.block_size
-    algo = get_algorithm("agrpo")(samples=steps, step_weight=step_weight).validate(fam)
+    algo = get_algorithm("agrpo")(samples=steps, step_weight=step_weight, steps=step_set,
+                                  proposal="uniform").validate(fam)
     config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, temperature=0.7, steps=steps, block_length=None,
                                                        stop_at_eos=False))
     rollout = eng.generate(PROMPTS, 2, config, seed=3)
@@ -499,6 +500,92 @@ def test_agrpo_sampled_steps_average_to_the_full_trajectory_gradient(name, step_
     for parts, e in zip(zip(*grads, strict=True), expected, strict=True):
         if e is not None:
             assert torch.allclose(sum(p for p in parts if p is not None), e, atol=1e-10)
+
+
+def test_agrpo_draws_only_the_steps_up_to_the_last_content_step():
+    """The authors' stop rule: steps after the last one that committed a non-stop token are never drawn (per block for
+    block families), so T counts the content steps only."""
+    from dare.algos.agrpo import content_steps
+    eos = 9
+    steps = torch.tensor([[0, 1, 2, 3, 4, -1], [2, 0, 1, 3, 0, 1]])
+    ids = torch.tensor([[5, eos, 6, eos, eos, eos], [eos, 7, eos, 8, eos, eos]])
+    masked = content_steps(steps, ids, torch.zeros_like(steps), (eos,))
+    assert masked.tolist() == [[0, 1, 2, -1, -1, -1], [2, 0, 1, 3, 0, 1]]
+    blocks = torch.tensor([[0, 0, 0, 1, 1, 1]] * 2)  # block-local steps: each block trimmed on its own
+    assert content_steps(steps, ids, blocks, (eos,)).tolist() == [[0, 1, 2, -1, -1, -1], [-1, 0, -1, 3, 0, 1]]
+
+
+def agrpo_noise(samples, proposal, low_discrepancy, seed=0):
+    from dare.models.loading import load_config
+    fam = load_config("tiny:llada")[2]
+    algo = get_algorithm("agrpo")(samples=samples, proposal=proposal, low_discrepancy=low_discrepancy).validate(fam)
+    batch = {"steps": torch.tensor([[0, 0, 1, 2, 3, -1], [1, 0, 2, 2, 4, 3]]), "prompt_mask": torch.ones(2, 3).long(),
+             "entropy": torch.tensor([[0.5, 0.3, 0.0, 2.0, 1.0, 0.0], [1.5, 0.2, 0.1, 0.4, 3.0, 0.0]])}
+    est = algo.estimator(fam, SamplingConfig(gen_length=6, temperature=1.0))
+    return batch, est.corrupt(fam, batch, torch.Generator().manual_seed(seed))
+
+
+def test_agrpo_entropy_proposal_draws_steps_by_their_entropy_and_weights_them_unbiasedly():
+    """q_t = (1e-8 + the entropy step t committed) / sum, the weight 1 / (T q_t): every step's expected weight is 1/T
+    (the (1/T) sum_t objective), and the draws follow q (row 0's step 1 committed a zero-entropy token)."""
+    batch, noise = agrpo_noise(20000, "entropy", False)
+    for i in range(2):
+        T = int(batch["steps"][i].max()) + 1
+        mass = torch.zeros(T, dtype=torch.float64).index_add_(0, batch["steps"][i].clamp(min=0), batch["entropy"][
+            i].double() * (batch["steps"][i] >= 0)) + 1e-8
+        q = mass / mass.sum()
+        at, weight = noise["at"][i, :, 0], noise["weight"][i, :, 0]
+        assert torch.allclose(weight, 1 / (T * q[at]), rtol=1e-9)
+        for t in range(T):
+            hit = (at == t).double()
+            se = (hit.std() / len(hit) ** 0.5).item()
+            assert abs(hit.mean().item() - q[t].item()) < 5 * se + 1e-3, (i, t, hit.mean(), q[t])
+            if q[t] > 1e-3:  # a step that committed no entropy is (almost) never drawn: its tokens had no gradient
+                assert abs((hit * weight).mean().item() - 1 / T) < 5 * (hit * weight).std().item() / len(hit) ** 0.5
+    _, uniform = agrpo_noise(20000, "uniform", False)
+    assert not torch.allclose(uniform["weight"], noise["weight"])  # the proposals differ
+
+
+def test_agrpo_low_discrepancy_draws_fill_every_stratum_once():
+    """The batch's rows x draws uniforms of a block are one per stratum of [0, 1) (the authors' draws): with every
+    row of S steps and rows x draws a multiple of S, the uniform proposal draws each step equally often in the batch."""
+    from dare.models.loading import load_config
+    fam = load_config("tiny:llada")[2]
+    batch = {"steps": torch.tensor([[0, 1, 2, 3, 3, -1], [3, 2, 1, 0, 0, 1]]), "prompt_mask": torch.ones(2, 3).long()}
+    for low_discrepancy, seed in ((True, 0), (True, 1), (False, 0)):
+        algo = get_algorithm("agrpo")(samples=8, proposal="uniform", low_discrepancy=low_discrepancy).validate(fam)
+        noise = algo.estimator(fam, SamplingConfig(gen_length=6)).corrupt(fam, batch, torch.Generator().manual_seed(
+            seed))
+        counts = torch.bincount(noise["at"][:, :, 0].flatten(), minlength=4).tolist()
+        assert (counts == [4, 4, 4, 4]) == low_discrepancy, (low_discrepancy, counts)
+
+
+def test_agrpo_scores_with_the_samplers_top_k_filter_and_the_sampler_records_entropies():
+    """With top-k, a drawn step's tokens are scored on the sampler's renormalised filtered distribution (the token
+    always kept); the masked sampler records each committed token's entropy of that distribution (tempered)."""
+    from dare.likelihood import canvas_before, completion_logits, score_tokens
+    from dare.sampling.primitives import filter_logits, proposal_entropy
+    eng = engine("llada")
+    fam, model = eng.family, eng.model
+    algo = get_algorithm("agrpo")(samples=2).validate(fam)
+    config = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, temperature=0.7, steps=4, block_length=None,
+                                                       top_k=3, stop_at_eos=False, cache="none"))
+    assert config.record_entropy
+    rollout = eng.generate(PROMPTS, 2, config, seed=3)
+    batch = algo.make_batch(fam, rollout, torch.tensor([1.0, 0, 0, 1]), 2, None, 0, config)
+    for s in range(4):
+        at = batch["steps"] == s
+        full = score_tokens(model, fam, batch, canvas_before(fam, batch, s), 0.7, (fam.mask_id,))
+        kept = score_tokens(model, fam, batch, canvas_before(fam, batch, s), 0.7, (fam.mask_id,),
+                            keep=lambda x: filter_logits(x, top_k=3))
+        est = algo.estimator(fam, config).score(model, fam, batch, {"at": torch.full((4, 2, 8), s)}, draw=0)
+        assert torch.equal(est.logp, kept.logp)
+        assert (kept.logp[at] > full.logp[at]).all()  # renormalised over 3 tokens
+        lg = completion_logits(model, fam, batch, canvas_before(fam, batch, s)).double()
+        lg[..., fam.mask_id] = float("-inf")
+        recorded = rollout.entropy.double()
+        assert torch.allclose(recorded[at], proposal_entropy(lg, 0.7, 3).double()[at], atol=1e-5)
+    assert (rollout.entropy[rollout.step_map < 0] == 0).all() and (rollout.entropy[rollout.step_map >= 0] > 0).all()
 
 
 # ----------------------------------------------------------------------------------------------------- tracerl

@@ -100,6 +100,75 @@ def test_the_value_loss_falls_on_a_fixed_batch():
     assert last < 0.2 * first, (first, last)
 
 
+def random_value_model(model, fam):
+    network = value_network(model, "policy", fam.name)
+    torch.nn.init.normal_(network.get_output_embeddings().weight, std=1.0)  # values that vary with the input
+    return network
+
+
+def batch_of(name, seed=0):
+    if name == "sdar":
+        return sdar_batch(get_algorithm("tracerl")(), seed)
+    algo = get_algorithm("tracerl")()
+    model, tok = tiny(name)
+    fam = Family.from_pretrained(model.config, tok)
+    algo.validate(fam)
+    sampling = algo.rollout_sampling(fam, SamplingConfig(gen_length=8, steps=4, block_length=None, temperature=1.0,
+                                                         stop_at_eos=False))
+    rollout = algo.rollout(HFEngine(model, tok, fam), ["a b", "c d e"], 4, sampling, seed)
+    batch = algo.make_batch(fam, rollout, torch.tensor([float(i % 3 == 0) for i in range(8)]), 4,
+                            lambda ids, rows: torch.zeros(len(ids)), 0, sampling)
+    return model, fam, sampling, batch
+
+
+@pytest.mark.parametrize("name", ["llada", "sdar"])
+def test_the_value_of_a_token_is_read_from_the_canvas_before_its_step(name):
+    """V_j sees what the policy saw before j's step (the code's masked copy): changing a token changes no value of
+    its own step or an earlier one (of its block, block families: later blocks see it clean), and changes later
+    ones. A value read from the clean sequence would change the token's own value."""
+    from dare.likelihood import trajectory_blocks
+    algo = get_algorithm("tracerl")()
+    model, fam, sampling, batch = batch_of(name)
+    network = random_value_model(model, fam)
+    rewards = batch["advantages"]
+    with torch.no_grad():
+        algo.value_targets(network, fam, [batch], 4, sampling)
+        before = batch["old_values"].clone()
+        batch["advantages"] = rewards
+        steps, blocks, live = batch["steps"], trajectory_blocks(fam, batch), batch["loss_mask"].bool()
+        p = int(torch.where(live[0] & (steps[0] == 0))[0][0])  # a first-step token of row 0: later steps see it
+        batch["completion_ids"] = batch["completion_ids"].clone()
+        batch["completion_ids"][0, p] = (batch["completion_ids"][0, p] + 1) % fam.mask_id
+        algo.value_targets(network, fam, [batch], 4, sampling)
+    after = batch["old_values"]
+    seen = (blocks[0] > blocks[0, p]) | ((blocks[0] == blocks[0, p]) & (steps[0] > steps[0, p]))
+    assert torch.equal(after[1:], before[1:]) and torch.equal(after[0][live[0] & ~seen], before[0][live[0] & ~seen])
+    assert (after[0][live[0] & seen] != before[0][live[0] & seen]).any()
+
+
+def test_the_value_loss_clips_pessimistically_around_the_rollout_prediction():
+    """PPO's value clip: 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-eps) - R)^2), the larger error (the code's
+    torch.maximum): a prediction that moved past the clip toward its return gains nothing from the move."""
+    algo = get_algorithm("tracerl")()
+    algo.value.clip = 0.2
+    model, fam, sampling, batch = batch_of("sdar")
+    network = random_value_model(model, fam)
+    from dare.likelihood import canvas_before, token_values
+    stream = 0
+    target = ((batch["steps"] == stream) & batch["loss_mask"].bool()).double()
+    values = token_values(network, fam, batch, canvas_before(fam, batch, stream)).detach().double()
+    for offset, expected_clipped in ((1.0, True), (-1.0, False)):
+        batch["old_values"], batch["returns"] = values - 0.5, values + offset  # V moved +0.5 since the rollout
+        loss, _ = algo.value_loss(network, fam, batch, stream, target.sum(), sampling)
+        clipped = (values - 0.5 + 0.2 - batch["returns"]) ** 2
+        worst = torch.maximum((values - batch["returns"]) ** 2, clipped)
+        assert torch.allclose(loss.double(), 0.5 * (worst * target).sum() / target.sum(), atol=1e-6)
+        assert torch.allclose(worst[target.bool()], clipped[target.bool()] if expected_clipped
+                              else (values - batch["returns"])[target.bool()] ** 2)
+        grads = torch.autograd.grad(loss, network.get_output_embeddings().weight)[0]
+        assert (grads.abs().max() == 0) == expected_clipped  # the clipped error does not move V
+
+
 def test_a_zero_initialised_value_model_leaves_the_first_step_as_tracerl_without_one(data, tmp_path):  # noqa: F811
     """At the start the head is zero, so V = 0 and (gamma = lam = 1) the advantages are GRPO's: the same update."""
     for name, source in (("plain", ""), ("valued", "policy")):

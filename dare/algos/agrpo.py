@@ -11,24 +11,50 @@ log-probability). Each token of a drawn step has GRPO's token-level clipped surr
 loss is ``(1/K) sum_j`` over draws, averaged over rows. Block families (a DARE extension; the paper trains LLaDA)
 draw one block-local step in every block and replay all of them in one ``[x_t ‖ x_0]`` forward.
 
-Where DARE differs from the authors' code: every recorded step can be drawn (the code stops at the last step that
-committed a non-EOS token, so EOS-only steps the model chose are never trained); draws are independent uniform ones
-(the code's entropy-proportional proposal needs per-token entropies the sampler does not record, and its
-low-discrepancy draws only stratify); the ratio of the first pass is exactly 1 (old log-probs are the detached
-current ones, not the sampler's float32 ones); the loss is averaged over rows, not divided by the group size; top-k /
-top-p are not applied when scoring (the tempered distribution over the whole vocabulary, as JustGRPO). Position
-choices by confidence depend on the parameters and are ignored, as in the paper (exact for ``remasking: random``).
+As the authors' code (github.com/probablyabot/agrpo at 98f1182, ``agrpo_trainer.py``), by default: only the steps
+up to the row's last step that committed a token other than a stop token can be drawn (``steps: content``; T counts
+those), so the EOS-only steps that end a long canvas take no weight; each draw picks a step with probability
+proportional to the entropy it committed (``proposal: entropy``: the summed entropies of its tokens under the
+distribution the sampler drew them from, recorded by the sampler, plus 1e-8), weighted ``1 / (T q)``; the batch's
+draws are low-discrepancy (``low_discrepancy``); a step's tokens are scored with the sampler's temperature and its
+top-k / top-p filter renormalised (``truncate``). ``steps: all``, ``proposal: uniform`` and ``truncate: false`` give
+the earlier DARE behaviour.
+
+Where DARE still differs: the first pass's ratio is exactly 1 (old log-probs are the detached current ones, not the
+sampler's float32 ones); the filter's kept set is re-derived from the policy being scored, the drawn token always in
+it (the code stores the rollout's mask, ``[N, R, V]``: the same set on the first pass); "stop token" is any of the
+family's stop ids (the code checks the tokenizer's EOS id only); the loss is averaged over rows, not divided by the
+group size (the same on one device holding one group). Position choices by confidence depend on the parameters and
+are ignored, as in the paper (exact for ``remasking: random``). The entropy proposal needs DARE's own sampler (the
+SGLang engine records no entropies: ``proposal: uniform`` there).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import ClassVar
 
-from ..likelihood import SampledSteps
+import torch
+
+from ..likelihood import SampledSteps, trajectory_blocks
+from ..sampling.primitives import filter_logits
 from . import register
 from .base import StepGroups
 from .core import masked_stats
 
 STEP_WEIGHTS = ("mean", "sum")
+STEP_SETS = ("content", "all")
+PROPOSALS = ("entropy", "uniform")
+
+
+def content_steps(steps: torch.Tensor, ids: torch.Tensor, blocks: torch.Tensor, stop_ids) -> torch.Tensor:
+    """``steps`` with every step after the last one that committed a non-stop token (per row and block: per row for
+    masked families, whose steps are global) set to -1: the authors' stop rule."""
+    content = (steps >= 0) & ~torch.isin(ids, torch.tensor(stop_ids, device=ids.device))
+    key = blocks.clamp(min=0)
+    last = torch.full((len(steps), int(key.max()) + 1 if key.numel() else 1), -1, dtype=steps.dtype,
+                      device=steps.device)
+    last = last.scatter_reduce(1, key, torch.where(content, steps, -1), "amax")
+    return torch.where(steps > last.gather(1, key), -1, steps)
 
 
 @register("agrpo")
@@ -40,6 +66,10 @@ class AGRPO(StepGroups):
 
     samples: int = 8  # K steps drawn per row and inner iteration (one forward and backward each); paper: 24
     step_weight: str = "mean"  # mean: (1/T) sum over steps (the authors') | sum: the trajectory log-probability
+    steps: str = "content"  # content: steps up to the last that committed a non-stop token (the authors') | all
+    proposal: str = "entropy"  # entropy: q proportional to the entropy a step committed (the authors') | uniform
+    low_discrepancy: bool = True  # stratify the batch's draws (the authors') instead of independent uniforms
+    truncate: bool = True  # score with the sampler's top-k / top-p filter renormalised (the authors')
     advantage: str = "drgrpo"  # paper: r - mean
     loss_mask: str = "all"  # every decoded token is an action
     dual_clip: float | None = None
@@ -47,19 +77,39 @@ class AGRPO(StepGroups):
     def validate(self, family):
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.step_weight not in STEP_WEIGHTS:
-            raise ValueError(f"Unknown step_weight {self.step_weight!r}; known: {list(STEP_WEIGHTS)}")
+        for knob, value, allowed in (("step_weight", self.step_weight, STEP_WEIGHTS),
+                                     ("steps", self.steps, STEP_SETS), ("proposal", self.proposal, PROPOSALS)):
+            if value not in allowed:
+                raise ValueError(f"Unknown agrpo {knob} {value!r}; known: {list(allowed)}")
         return super().validate(family)
+
+    def rollout_sampling(self, family, config):
+        config = super().rollout_sampling(family, config)
+        return replace(config, record_entropy=True) if self.proposal == "entropy" else config
 
     def streams(self, family, sampling) -> int:
         return self.samples
 
     def estimator(self, family, sampling):
         banned = (family.mask_id,) + ((family.eos_id,) if sampling.suppress_eos else ())
-        return SampledSteps(self.samples, sampling.temperature or 1.0, banned, self.step_weight)
+        filtered = self.truncate and (sampling.top_k is not None or sampling.top_p is not None)
+        keep = partial(filter_logits, top_k=sampling.top_k, top_p=sampling.top_p) if filtered else None
+        return SampledSteps(self.samples, sampling.temperature or 1.0, banned, self.step_weight, self.proposal,
+                            self.low_discrepancy, keep)
 
     def groups(self, steps, family, sampling):
         return steps  # the recorded steps themselves; a draw picks one of them
+
+    def make_batch(self, family, rollout, rewards, group_size, reward_of, step, sampling):
+        batch = super().make_batch(family, rollout, rewards, group_size, reward_of, step, sampling)
+        if self.proposal == "entropy":
+            replay = family.is_block_diffusion and rollout.replay_ids is not None
+            batch["entropy"] = rollout.replay_entropy if replay else rollout.entropy
+        if self.steps == "content":
+            steps = content_steps(batch["steps"], batch["completion_ids"], trajectory_blocks(family, batch),
+                                  family.stop_ids)
+            batch.update(steps=steps, loss_mask=batch["loss_mask"] * (steps >= 0))
+        return batch
 
     def normaliser(self, family, batch, sampling):
         """Rows with at least one loss token."""
@@ -70,7 +120,7 @@ class AGRPO(StepGroups):
         est = self.estimator(family, sampling).score(model, family, batch, noise, draw=stream)
         target = (batch["steps"] == noise["at"][:, stream]) & batch["loss_mask"].bool()
         old = batch["old"][slot][:, stream] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot][:, stream] if self.beta else None
+        ref = batch["ref"][slot][:, stream] if "ref" in batch else None
         per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
         weight = noise["weight"][:, stream].to(per_token.dtype) * target
         return (per_token * weight).sum() / (self.samples * normaliser.clamp(min=1)), masked_stats(stats, target)

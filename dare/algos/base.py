@@ -12,7 +12,7 @@ subclasses :class:`Algorithm` and overrides only the hooks where it differs; its
 (``--algo-config.*`` flags, the ``algo_config:`` section of a recipe).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -24,6 +24,7 @@ from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stat
 ADVANTAGES = ("drgrpo", "grpo", "rloo")
 LOSS_MASKS = ("all", "upto_first_eos")
 KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
+KL_TARGETS = ("reference", "rollout")
 
 
 NOISE_WHY = ("its noise is uniform random tokens and the algorithm's likelihood estimate is derived for masked "
@@ -60,13 +61,6 @@ class Declared:
             raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
                              f"{', '.join(self.families)}")
 
-    def check_dynamic_sampling(self) -> None:
-        """Refuse dropping and refilling prompt groups where the rollout ties them together."""
-        if self.trainer != "rl":
-            raise ValueError(f"dynamic sampling drops rollout groups; {self.name} trains on fixed pairs, no rollout")
-        if self.whole_groups:
-            raise ValueError(f"dynamic sampling cannot drop {self.name}'s groups one by one: {self.whole_groups}")
-
     def check_engine(self, engine) -> None:
         """Refuse a rollout engine (an ``Engine`` class) that cannot give what the algorithm reads of a rollout."""
         if self.needs_sampler and not engine.own_samplers:
@@ -89,6 +83,49 @@ def split_into(parts: list[dict], **values: torch.Tensor) -> None:
     for name, value in values.items():
         for part, piece in zip(parts, value.split(rows), strict=True):
             part[name] = piece
+
+
+DYNAMIC_SAMPLING = ("off", "pad", "resample", "drop")
+SIGNAL_RULES = ("spread", "mixed", "accuracy")
+
+
+@dataclass
+class DynamicSampling:
+    """Which rollout groups train (DAPO's dynamic sampling, DiRL's resampling, TraceRL's accuracy filter). A group has a
+    signal when its rewards are not all equal (``keep: spread``: otherwise every advantage is 0), when some of its
+    answers are right and some wrong (``keep: mixed``, DiRL's rule), or when its accuracy lies in ``[low, high]``
+    (``keep: accuracy``, TraceRL's). ``off``: every group trains. ``resample``: while the step has fewer groups with a
+    signal than prompts, roll out ``extra`` x its prompts more (new prompts each round, at most ``rounds`` rounds: DiRL
+    has no cap, which never ends on a task the policy always fails), then train on the first groups with a signal (the
+    step's own prompts first; DiRL keeps a random subset), filled up with groups without one when the rounds ran out.
+    ``pad``: one extra round of ``extra`` x the prompts, rolled out with the step's own, filled up likewise. ``drop``:
+    no refill; the groups without a signal leave the loss (advantages and loss tokens 0: the batch trains on fewer
+    groups). Logged: ``rollout/groups_dropped``, ``groups_without_signal``, ``dynamic_rounds``."""
+
+    mode: str = "off"  # off | pad | resample | drop (see above)
+    keep: str = "spread"  # spread: the group's rewards differ | mixed: 0 < accuracy < 1 | accuracy: in [low, high]
+    low: float = 0.2  # keep: accuracy, the least accuracy kept (TraceRL: 0.2)
+    high: float = 0.8  # keep: accuracy, the largest kept (TraceRL: 0.8)
+    extra: float = 1.0  # prompts of each extra round, a fraction of the step's (pad: the one round)
+    rounds: int = 5  # resample: extra rounds at most
+
+    def validate(self) -> None:
+        for knob, value, allowed in (("mode", self.mode, DYNAMIC_SAMPLING), ("keep", self.keep, SIGNAL_RULES)):
+            if value not in allowed:
+                raise ValueError(f"Unknown dynamic_sampling.{knob} {value!r}; known: {list(allowed)}")
+        if not 0 <= self.low <= self.high <= 1 or not self.extra > 0 or self.rounds < 1:
+            raise ValueError(f"dynamic_sampling needs 0 <= low <= high <= 1, extra > 0 and rounds >= 1; got "
+                             f"{self.low}, {self.high}, {self.extra}, {self.rounds}")
+
+    def signal(self, scores: torch.Tensor, accuracy: torch.Tensor, group_size: int) -> torch.Tensor:
+        """``[groups]`` bool: the groups with a signal, from per-completion scores and accuracies (prompt-major)."""
+        if self.keep == "spread":
+            spread = scores.view(-1, group_size)
+            return spread.max(-1).values > spread.min(-1).values
+        share = accuracy.double().view(-1, group_size).mean(-1)
+        if self.keep == "mixed":
+            return (share > 0) & (share < 1)
+        return (share >= self.low) & (share <= self.high)
 
 
 @dataclass
@@ -115,10 +152,15 @@ class Algorithm(Declared):
     eps_low: float = 0.2  # PPO clip: ratio floor 1 - eps_low
     eps_high: float = 0.2  # PPO clip: ratio ceiling 1 + eps_high
     dual_clip: float | None = 3.0  # verl's dual clip c for A < 0 (None: off); inactive when num_iterations = 1
-    beta: float = 0.0  # KL weight to the frozen reference (0: no reference model is kept)
+    beta: float = 0.0  # KL weight (0: no KL term, no reference model kept)
     kl: str = "k3"  # KL estimator: k1 | abs | k2 | k3
+    # reference: KL to the frozen start | rollout: to the policy that decoded the batch (TraceRL's code; no reference
+    # model: 0 on an on-policy pass, it holds the inner steps near the rollout policy)
+    kl_to: str = "reference"
     advantage: str = "grpo"  # grpo (r - mean) / std | drgrpo r - mean | rloo leave-one-out
     loss_mask: str = "upto_first_eos"  # train on tokens up to and including the first stop, or "all" the canvas
+    # which rollout groups train and how the step is refilled (off | pad | resample | drop; DynamicSampling)
+    dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
 
     own_advantages: ClassVar[tuple[str, ...]] = ()  # advantage names an algorithm computes itself (MDPO, d-TreeRPO)
 
@@ -134,10 +176,28 @@ class Algorithm(Declared):
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         for knob, value, allowed in (("advantage", self.advantage, ADVANTAGES + self.own_advantages),
                                      ("loss_mask", self.loss_mask, LOSS_MASKS),
-                                     ("kl", self.kl, KL_ESTIMATORS)):
+                                     ("kl", self.kl, KL_ESTIMATORS), ("kl_to", self.kl_to, KL_TARGETS)):
             if value not in allowed:
                 raise ValueError(f"Unknown {knob} {value!r}; known: {list(allowed)}")
+        if self.kl_to == "rollout" and not self.uses_ratio:
+            raise ValueError(f"kl_to rollout measures the KL to the rollout policy's log-probs; {self.name} scores "
+                             "none (no ratio): use kl_to reference")
+        self.dynamic_sampling.validate()
         return self
+
+    def check_dynamic_sampling(self, sampling=None) -> None:
+        """Refuse dropping and refilling prompt groups where the rollout ties them together."""
+        mode = self.dynamic_sampling.mode
+        if mode == "off":
+            return
+        if self.whole_groups:
+            raise ValueError(f"dynamic sampling cannot drop {self.name}'s groups one by one: {self.whole_groups}")
+        if mode == "drop" and self.own_advantages:
+            raise ValueError(f"dynamic_sampling.mode drop leaves groups out of the loss by their advantages and loss "
+                             f"tokens; {self.name} weighs its rows itself: use pad, resample or off")
+        if mode == "resample" and sampling is not None and sampling.record_states:
+            raise ValueError(f"dynamic_sampling.mode resample joins rollouts of several rounds; {self.name}'s rollout "
+                             "records every step's canvas, which cannot be joined: use pad or off")
 
     # -- plan: what one run of the algorithm is, fixed before the first rollout -----------------------------------
     def rollout_sampling(self, family, config: SamplingConfig) -> SamplingConfig:
@@ -208,7 +268,7 @@ class Algorithm(Declared):
     @property
     def needs_reference(self) -> bool:
         """Keep the frozen reference and score it (``batch["ref"]``) before training: a KL term."""
-        return bool(self.beta)
+        return bool(self.beta) and self.kl_to == "reference"
 
     @property
     def needs_value(self) -> bool:
@@ -250,6 +310,8 @@ class Algorithm(Declared):
         (clip fraction, ratio, entropy when given, KL with beta) for ``masked_stats``."""
         per_token, engaged = clipped_token_loss(logp, old_logp, advantages, self.eps_low, self.eps_high,
                                                 self.dual_clip)
+        if self.kl_to == "rollout":
+            ref_logp = old_logp
         per_token = per_token * scale
         stats = {"clip_fraction": engaged, "ratio": torch.exp(logp.detach() - old_logp)}
         if entropy is not None:
@@ -287,6 +349,8 @@ class SequenceLevel(Algorithm):
     def _objective(self, value, batch, slot, normaliser):
         old = batch["old"][slot].mean(-1) if "old" in batch else value.detach()
         ref = batch["ref"][slot].mean(-1) if "ref" in batch else None
+        if self.kl_to == "rollout":
+            ref = old
         per_sequence, stats = self.sequence_loss(value, old, ref, batch)
         valid = (batch["loss_mask"].sum(-1) > 0).to(per_sequence.dtype)
         count = valid.sum()
@@ -349,7 +413,7 @@ class StepGroups(Algorithm):
         est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
         target = (batch["steps"] == stream) & batch["loss_mask"].bool()
         old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot] if self.beta else None
+        ref = batch["ref"][slot] if "ref" in batch else None
         per_token, stats = self.surrogate(est.logp, old, batch["advantages"], ref, est.entropy)
         return per_token, target, masked_stats(stats, target)
 

@@ -147,7 +147,7 @@ class DTreeRPO(Algorithm):
         est = self.score(model, family, batch, {}, sampling)
         active = batch["active"]
         old = batch["old"][slot] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot] if self.beta else None
+        ref = batch["ref"][slot] if "ref" in batch else None
         per_token, stats = self.surrogate(est.logp, old, batch["advantages"][..., None], ref)
         edge_mean = (per_token * active).sum(-1) / active.sum(-1).clamp(min=1)
         loss = edge_mean.sum() / normaliser[0].clamp(min=1)

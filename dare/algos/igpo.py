@@ -26,6 +26,9 @@ import torch
 from ..likelihood import MeanField
 from . import register
 from .base import Algorithm
+from .core import clipped_ratio_loss, kl_estimate, masked_stats, token_mean
+
+RATIO_LEVELS = ("sequence", "token")
 
 
 def hint_canvas(reference: list[int], length: int, share: float, chunk_min: int, chunk_max: int, free_tail: int,
@@ -68,6 +71,9 @@ class IGPO(Algorithm):
     free_tail: int = 30  # canvas positions at the end never hinted (room for the answer)
     replace_fraction: float = 0.5  # at most floor(this x G) successful hinted completions replace a group's own
     p_prompt: float = 0.0  # d1's prompt masking in the likelihood (the code: none)
+    # sequence: GSPO's ratio, exp of the row's mean log-ratio over its loss tokens (the authors' run: use_gspo) |
+    # token: one ratio per token
+    ratio_level: str = "sequence"
     advantage: str = "drgrpo"  # the code: r - mean
     loss_mask: str = "all"
 
@@ -76,6 +82,8 @@ class IGPO(Algorithm):
             raise ValueError(f"need 0 <= hint_low <= hint_high <= 1, got {self.hint_low}, {self.hint_high}")
         if not 1 <= self.chunk_min <= self.chunk_max:
             raise ValueError(f"need 1 <= chunk_min <= chunk_max, got {self.chunk_min}, {self.chunk_max}")
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"Unknown igpo ratio_level {self.ratio_level!r}; known: {list(RATIO_LEVELS)}")
         if self.free_tail < 0 or not 0 <= self.replace_fraction <= 1:
             raise ValueError(f"need free_tail >= 0 and 0 <= replace_fraction <= 1, got {self.free_tail}, "
                              f"{self.replace_fraction}")
@@ -123,3 +131,25 @@ class IGPO(Algorithm):
         if rollout.given is not None:  # the hints are not the policy's choices
             batch["loss_mask"] = batch["loss_mask"] * (~rollout.given.to(batch["loss_mask"].device)).long()
         return batch
+
+    def loss(self, estimate, batch, old_logp, ref_logp, normaliser):
+        """``ratio_level: sequence``: every loss token of a row carries the row's ratio ``s = exp(mean_t log(pi /
+        pi_old))`` (GSPO-token's form: the value is ``s``, the gradient ``s`` times the token's own log-prob's), clipped
+        as one; ``token``: GRPO's per-token ratio."""
+        if self.ratio_level == "token":
+            return super().loss(estimate, batch, old_logp, ref_logp, normaliser)
+        mask = batch["loss_mask"]
+        logp = estimate.logp
+        weight = mask.to(logp.dtype)
+        mean_log_ratio = ((logp - old_logp) * weight).sum(-1) / weight.sum(-1).clamp(min=1)
+        ratio = torch.exp(logp - logp.detach() + mean_log_ratio.detach()[:, None])
+        per_token, engaged = clipped_ratio_loss(ratio, batch["advantages"][:, None], self.eps_low, self.eps_high,
+                                                self.dual_clip)
+        stats = {"clip_fraction": engaged, "ratio": ratio.detach()}
+        if estimate.entropy is not None:
+            stats["entropy"] = estimate.entropy
+        if self.beta:
+            kl = kl_estimate(logp, old_logp if self.kl_to == "rollout" else ref_logp, self.kl)
+            per_token = per_token + self.beta * kl
+            stats["kl"] = kl.detach()
+        return token_mean(per_token, mask, normaliser), masked_stats(stats, mask)

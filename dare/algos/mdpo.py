@@ -117,7 +117,7 @@ class MDPO(Algorithm):
         est = self.estimator(family, sampling).score(model, family, batch, {}, step=stream)
         mask = batch["train_mask"][:, stream]
         old = batch["old"][slot][:, stream] if "old" in batch else est.logp.detach()
-        ref = batch["ref"][slot][:, stream] if self.beta else None
+        ref = batch["ref"][slot][:, stream] if "ref" in batch else None
         per_token, stats = self.surrogate(est.logp, old, batch["step_advantages"][:, stream], ref, est.entropy,
                                           scale=batch["scale"][:, stream, None])
         loss = (per_token * batch["confidence"][:, stream] * mask).sum() / normaliser.clamp(min=1)

@@ -10,11 +10,14 @@ TraDo) replay block-local step k of every block at once in one ``[x_t ‖ x_0]``
 (the runs follow the steps each row actually took).
 
 Differs from d2's StepMerge only in how steps are grouped: d2 cuts a fixed step budget into N balanced groups,
-TraceRL makes runs of s (S = 10: s = 4 gives 4, 4, 2; d2 with N = 3 gives 3, 3, 4). Where DARE differs from the
-authors' code: the KL term (off by default) is to the frozen reference, as for every DARE algorithm (the code's is
-to the rollout policy); the loss is a token mean over the batch (the block-family code divides by the padded width);
-groups with every completion alike are kept (the code drops groups with accuracy above 0.8 or below 0.2, without
-refilling; ``--dynamic-sampling`` drops and refills those with no reward spread).
+TraceRL makes runs of s (S = 10: s = 4 gives 4, 4, 2; d2 with N = 3 gives 3, 3, 4). As the authors' code
+(github.com/Gen-Verse/dLLM-RL at 10b4fd1, ``train/rl_llada.py``, ``reward/rl_reward.py``), by default: a k3 KL with
+beta 0.01 to the policy that decoded the batch (``kl_to: rollout``: zero on an on-policy pass, it acts on the inner
+optimiser steps; no reference model); the groups whose accuracy is above 0.8 or below 0.2 leave the loss, without a
+refill (``dynamic_sampling: {mode: drop, keep: accuracy}``); no dual clip. Their "a truncated response is wrong" rule
+is ``train_rl.py --truncated-is-wrong`` (the code: a response within 5 tokens of the limit; DARE: one without a stop
+token). Where DARE still differs: the loss is a token mean over the batch (the LLaDA code averages each sequence's
+tokens, then the sequences; the block-family code divides by the padded width).
 
 The value model (``value.model``: ``policy``, as the code initialises it; ``dare/trainers/value.py``) is a second
 network, the policy's start with a zeroed one-output head: V_j is read at token j's position of the canvas before
@@ -40,7 +43,7 @@ import torch
 from ..likelihood import canvas_before, token_values, trajectory_blocks
 from ..sampling import step_budget
 from . import register
-from .base import StepGroups, ValueSettings, joined, split_into
+from .base import DynamicSampling, StepGroups, ValueSettings, joined, split_into
 
 
 def step_gae(order: torch.Tensor, live: torch.Tensor, values: torch.Tensor, reward: torch.Tensor, gamma: float,
@@ -82,6 +85,11 @@ class TraceRL(StepGroups):
     shrink: int = 1  # s: consecutive decoding steps scored as one (the authors' block families: 1; LLaDA/Dream: 8)
     advantage: str = "grpo"  # the code: group z-score (with a value model: r̂, the reward of the trace's last step)
     loss_mask: str = "upto_first_eos"
+    dual_clip: float | None = None  # the code: none
+    beta: float = 0.01  # the code's k3 KL ...
+    kl_to: str = "rollout"  # ... to the rollout policy
+    # the code: groups with accuracy above 0.8 or below 0.2 leave the loss (no refill)
+    dynamic_sampling: DynamicSampling = field(default_factory=lambda: DynamicSampling(mode="drop", keep="accuracy"))
     value: ValueSettings = field(default_factory=ValueSettings)  # value.model: policy switches the value model on
     gamma: float = 1.0  # discount over trace steps (value model only; the code: 1.0, process rewards 0.99)
     lam: float = 1.0  # GAE lambda over trace steps (value model only; the code: 1.0)

@@ -10,6 +10,7 @@ however many rows are drawn.
 
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -133,9 +134,11 @@ def write_task(name: str, path: str, n: int, seed: int = 0, split: str = "train"
     rows = make_task(name, n, seed, split)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")  # renamed when whole: a reader never sees half a file
     if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
     else:
         import pandas as pd
-        pd.DataFrame(rows).to_parquet(path)
+        pd.DataFrame(rows).to_parquet(partial)
+    os.replace(partial, path)
     return str(path)

@@ -13,7 +13,8 @@ from ..data.chat import encode
 from ..registry import Registry
 from ..sampling.primitives import after_first
 
-COMPLETION_SIDE = ("completion_ids", "completion_mask", "step_map", "block_step", "replay_ids", "replay_step", "given")
+COMPLETION_SIDE = ("completion_ids", "completion_mask", "step_map", "block_step", "replay_ids", "replay_step", "given",
+                   "entropy", "replay_entropy")
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Rollout:
     records: dict = field(default_factory=dict)  # algorithm-specific rollout records (e.g. a tree's inner nodes)
     given: torch.Tensor | None = None  # [N, R] bool: positions whose token the caller supplied (inpainted hints)
     stats: dict = field(default_factory=dict)  # an algorithm's rollout metrics {name: (sum, count)}, logged
+    entropy: torch.Tensor | None = None  # with record_entropy: [N, R] the entropy each token was drawn with
+    replay_entropy: torch.Tensor | None = None  # block families: the same on the replay view
 
     @property
     def num_tokens(self) -> int:
@@ -53,6 +56,38 @@ class Rollout:
         tensors = ("prompt_ids", "prompt_mask") + COMPLETION_SIDE
         return replace(self, **{k: pick(getattr(self, k)) for k in tensors}, texts=[self.texts[i] for i in rows],
                        **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")})
+
+    @staticmethod
+    def join(parts: list["Rollout"], pad_id: int) -> "Rollout":
+        """The rows of several rollouts, one after the other: prompts left-padded to the widest (``pad_id``, mask 0),
+        completion-side tensors right-padded (ids ``pad_id``, masks 0, steps -1: never decoded); forward counts, time
+        and statistics add up."""
+        if len(parts) == 1:
+            return parts[0]
+        if any(p.states or p.predictions or p.confidences or p.records for p in parts):
+            raise ValueError("rollouts with recorded states or records cannot be joined row by row")
+        fill = {"completion_ids": pad_id, "replay_ids": pad_id, "step_map": -1, "block_step": -1, "replay_step": -1}
+
+        def cat(name, left=False):
+            tensors = [getattr(p, name) for p in parts]
+            if any(t is None for t in tensors):
+                if name != "given" or all(t is None for t in tensors):
+                    return None
+                tensors = [torch.zeros(p.completion_ids.shape, dtype=torch.bool, device=p.completion_ids.device)
+                           if t is None else t for p, t in zip(parts, tensors, strict=True)]
+            width = max(t.shape[1] for t in tensors)
+            value = pad_id if name == "prompt_ids" else fill.get(name, 0)
+            pads = [(width - t.shape[1], 0) if left else (0, width - t.shape[1]) for t in tensors]
+            return torch.cat([torch.nn.functional.pad(t, pad, value=value) for t, pad in zip(tensors, pads,
+                                                                                                 strict=True)])
+        stats = {}
+        for part in parts:
+            for name, (total, count) in part.stats.items():
+                old = stats.get(name, (0.0, 0.0))
+                stats[name] = (old[0] + total, old[1] + count)
+        return replace(parts[0], prompt_ids=cat("prompt_ids", True), prompt_mask=cat("prompt_mask", True),
+                       **{name: cat(name) for name in COMPLETION_SIDE}, texts=[t for p in parts for t in p.texts],
+                       nfe=sum(p.nfe for p in parts), seconds=sum(p.seconds for p in parts), stats=stats)
 
     def overwrite(self, rows: list[int], other: "Rollout", picks: list[int]) -> "Rollout":
         """This rollout with its rows ``rows`` replaced by ``other``'s rows ``picks`` (completions of the same prompts:

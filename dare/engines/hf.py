@@ -83,7 +83,14 @@ class HFEngine(Engine):
                        torch.cat([g.block_step for _, _, g in parts]), texts, sum(g.nfe for _, _, g in parts),
                        seconds, steps("states"), steps("predictions"), steps("confidences"),
                        torch.cat([g.replay_ids for _, _, g in parts]) if replay else None,
-                       torch.cat([g.replay_step for _, _, g in parts]) if replay else None, given=given)
+                       torch.cat([g.replay_step for _, _, g in parts]) if replay else None, given=given,
+                       entropy=cat_or_none(parts, "entropy"), replay_entropy=cat_or_none(parts, "replay_entropy"))
+
+
+def cat_or_none(parts, name: str):
+    """The micro-batches' recorded ``name`` tensors joined (None: not recorded)."""
+    found = [getattr(g, name) for _, _, g in parts]
+    return None if found[0] is None else torch.cat(found)
 
 
 class InProcessEngine:

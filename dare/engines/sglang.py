@@ -188,6 +188,7 @@ class SGLangEngine(Engine):
                              f"(SDAR, SDAR-MoE, LLaDA2.x); {family.name} decodes with engine hf")
         refused = {"editing_threshold": (config.editing_threshold is not None, "LLaDA2.1 editing"),
                    "record_states": (config.record_states, "the canvas after every step"),
+                   "record_entropy": (config.record_entropy, "the entropy each token was drawn with"),
                    "cache": (config.cache == "none", "decoding without the KV cache"),
                    "cfg_scale": (config.cfg_scale != 0.0, "classifier-free guidance"),
                    "remasking": (config.remasking == "origin", "Dream's independent flips")}

@@ -19,6 +19,7 @@ from .primitives import (
     decode_step,
     eos_factor,
     linear_schedule,
+    proposal_entropy,
 )
 
 
@@ -62,6 +63,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     region = gen_start[:, None] + torch.arange(length, device=x.device)  # canvas index of each output token
     step_map = torch.full_like(x, -1)
     block_step = torch.full_like(x, -1)
+    entropy = torch.zeros(x.shape, device=x.device) if cfg.record_entropy else None
     out = Generation(None, None, None)
     quota = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(
         torch.full((n_rows,), block, device=x.device), steps)  # counted from the block size (official)
@@ -125,6 +127,10 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
                 edited = bool(edit.any() or chosen.any())
                 x[:, start:end][edit] = x0[edit]
             x[:, start:end][chosen] = x0[chosen]
+            if cfg.record_entropy:
+                drawn = proposal_entropy(ban(lg, cfg, family.eos_id, family.mask_id), cfg.temperature, cfg.top_k,
+                                         cfg.top_p)
+                entropy[:, start:end][chosen] = drawn[chosen]
             step_map[:, start:end][chosen] = step
             block_step[:, start:end][chosen] = j
             masked &= ~chosen
@@ -161,11 +167,15 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
         out.confidences = [s.masked_fill(after, 0.0) for s in out.confidences]
     kept = inside & (replay_step >= 0)
     out.replay_ids, out.replay_step = replay_ids.masked_fill(~kept, family.pad_id), replay_step.masked_fill(~kept, -1)
+    if entropy is not None:
+        out.replay_entropy = entropy.gather(1, wide).masked_fill(~kept, 0.0)
     leftover = seq == family.mask_id  # blocks never reached after an early stop of the whole batch
     if to_step is not None:  # a partial decoding keeps its masks for the resume
         leftover = torch.zeros_like(leftover)
     out.sequences = seq.masked_fill(leftover, family.pad_id)
     out.step_map, out.block_step = steps_taken.masked_fill(leftover, -1), blk.masked_fill(leftover, -1)
+    if entropy is not None:
+        out.entropy = entropy.gather(1, region).masked_fill(out.step_map < 0, 0.0)
     return out
 
 

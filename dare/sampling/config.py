@@ -65,6 +65,9 @@ class SamplingConfig:
     # also return the canvas after every step (masked families without cache: + each step's whole-canvas prediction and
     # its probability, MDPO)
     record_states: bool = False
+    # also return the entropy of the distribution each token was drawn from (tempered, top-k / top-p filtered; AGRPO's
+    # entropy-proportional step draws)
+    record_entropy: bool = False
 
     def resolve(self, family) -> "SamplingConfig":
         """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence; with a
@@ -226,6 +229,8 @@ class Generation:
     confidences: list[torch.Tensor] = field(default_factory=list)
     replay_ids: torch.Tensor | None = None
     replay_step: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None  # with record_entropy: [N, gen_length], 0 where not generated
+    replay_entropy: torch.Tensor | None = None  # block families: the same on the replay view
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -31,6 +31,7 @@ from .primitives import (
     dream_count,
     eos_factor,
     linear_schedule,
+    proposal_entropy,
 )
 
 
@@ -58,6 +59,8 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
     step_map = torch.full((n_rows, length), -1, dtype=torch.long, device=x.device)
     block_step = step_map.clone()
     out = Generation(x[:, p_len:], step_map, block_step)
+    if cfg.record_entropy:
+        out.entropy = torch.zeros(step_map.shape, device=x.device)
 
     def logits_full(keep, rows=None, cache=None):
         """The canvas's logits at ``keep`` (None: everywhere), each distinct row fed once: a GRPO group's
@@ -154,6 +157,10 @@ def generate_masked(model, family, prompt_ids, prompt_mask, cfg, generator, canv
             if quota:
                 carry = n - chosen.sum(-1)
             x[:, start:end][chosen] = x0[chosen]
+            if cfg.record_entropy:
+                drawn = proposal_entropy(ban(lg, cfg, family.eos_id, family.mask_id), cfg.temperature, cfg.top_k,
+                                         cfg.top_p)
+                out.entropy[:, start - p_len:end - p_len][chosen] = drawn[chosen]
             step_map[:, start - p_len:end - p_len][chosen] = step
             block_step[:, start - p_len:end - p_len][chosen] = j
             masked &= ~chosen

@@ -24,6 +24,15 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
+def proposal_entropy(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                     top_p: float | None = None) -> torch.Tensor:
+    """The entropy of the distribution ``propose`` draws from (filtered, then tempered; 0 at temperature 0)."""
+    if temperature <= 0:
+        return torch.zeros(logits.shape[:-1], device=logits.device)
+    logp = (filter_logits(logits, top_k, top_p).float() / temperature).log_softmax(-1)
+    return -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(-1)
+
+
 def gumbel(shape, device, generator=None, dtype=torch.float32) -> torch.Tensor:
     """Standard Gumbel noise ``-log(-log u)``."""
     u = torch.rand(shape, dtype=dtype, device=device, generator=generator)

@@ -30,6 +30,7 @@ from transformers import Trainer
 
 from ..engines import InProcessEngine
 from ..engines.base import Rollout, decode_completions
+from ..rewards.base import RewardResult
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
 from .logs import TrainerLogs
@@ -41,13 +42,11 @@ from .value import ValueModelTraining
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
 
 
-def signal_groups(scores: torch.Tensor, group_size: int, keep: int) -> tuple[list[int], int]:
-    """The ``keep`` groups to train on, in rollout order: those whose rewards differ first (a group whose completions
-    all score alike has no group advantage), then alike ones to fill the batch; and how many of those it took."""
-    spread = scores.view(-1, group_size)
-    varied = (spread.max(-1).values > spread.min(-1).values).tolist()
-    chosen = [g for g, v in enumerate(varied) if v][:keep]
-    flat = [g for g, v in enumerate(varied) if not v][:keep - len(chosen)]
+def signal_groups(signal: list[bool], keep: int) -> tuple[list[int], int]:
+    """The ``keep`` groups to train on, in rollout order: those with a signal (``signal[g]``) first, then groups
+    without one to fill the batch; and how many of those it took."""
+    chosen = [g for g, v in enumerate(signal) if v][:keep]
+    flat = [g for g, v in enumerate(signal) if not v][:keep - len(chosen)]
     return sorted(chosen + flat), len(flat)
 
 
@@ -92,7 +91,8 @@ class Decoded:
     results: list
     version: int  # the optimiser step whose weights decoded it
     seconds: tuple[float, float]  # decoding, reward
-    dropped: tuple[int, int] | None = None  # dynamic sampling: groups dropped, groups kept without a reward spread
+    dropped: tuple[int, int, int] | None = None  # dynamic sampling: groups dropped, kept without a signal, rounds
+    signal: list[bool] | None = None  # dynamic sampling: whether each group of the batch has a signal
 
 
 class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, ShardedTraining, Trainer):
@@ -109,7 +109,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
                  console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0,
-                 dynamic_sampling: float = 0.0, rollout_mode: str = "sync"):
+                 truncated_is_wrong: bool = False, rollout_mode: str = "sync"):
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
@@ -121,7 +121,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         # what decodes the rollouts and validation: DARE's samplers on the policy, or an engine server (SGLang)
         self.engine = engine or InProcessEngine(processing_class, family, rollout_batch_size)
         self.reward_workers, self.log_completions = reward_workers, log_completions
-        self.dynamic_sampling = dynamic_sampling  # extra prompts per rollout (a fraction), for groups with a signal
+        self.truncated_is_wrong = truncated_is_wrong  # a completion without a stop token scores 0
         self.loss_is_scaled_for_ga = True  # every micro-batch loss is already divided by the whole batch's normaliser
         lora = hasattr(model, "disable_adapter")
         self.ref_model = frozen_copy(self) if algorithm.needs_reference and not lora else None
@@ -164,26 +164,66 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
     # -- one rollout batch --------------------------------------------------------------------------------------
     def decode(self, policy, rows: list[dict], index: int, version: int) -> Decoded:
         """Rollout batch ``index`` of ``rows`` decoded by ``policy`` (the weights of optimiser step ``version``) and
-        rewarded (with dynamic sampling, cut to the groups that train). Thread-safe: it records no metric."""
-        algo, G = self.algorithm, self.num_generations
-        start = time.perf_counter()
-        extra = self._refill_rows(len(rows), index) if self.dynamic_sampling else []
-        expanded = [r for r in rows + extra for _ in range(G)]
-        score = self._scorer(expanded, G)
+        rewarded (with dynamic sampling, the groups that train: ``Algorithm.dynamic_sampling``). Thread-safe: it
+        records no metric."""
+        algo, G, dynamic = self.algorithm, self.num_generations, self.algorithm.dynamic_sampling
+        start, reward_s = time.perf_counter(), 0.0
+        pad = math.ceil(dynamic.extra * len(rows)) if dynamic.mode == "pad" else 0
+        batch_rows = rows + (self._refill_rows(pad, index, 0) if pad else [])
+        parts, signal, rounds = [], [], 0
         with self.compute_loss_context_manager(), self.engine.serving(policy, version) as engine:
-            rollout = algo.rollout(engine, [r["prompt"] for r in rows + extra], G, self.sampling,
-                                   self._seed("rollout", index), rows=rows + extra, score=score)
-        rolled = time.perf_counter()
-        results = score(rollout.texts, range(len(expanded)))
+            while True:
+                expanded = [r for r in batch_rows for _ in range(G)]
+                score = self._scorer(expanded, G)
+                rollout = algo.rollout(engine, [r["prompt"] for r in batch_rows], G, self.sampling,
+                                       self._seed("rollout", index, *([rounds] if rounds else [])), rows=batch_rows,
+                                       score=score)
+                scored = time.perf_counter()
+                results = self._truncated_wrong(rollout, score(rollout.texts, range(len(expanded))))
+                reward_s += time.perf_counter() - scored
+                parts.append((rollout, expanded, results))
+                if dynamic.mode == "off":
+                    break
+                signal += dynamic.signal(torch.tensor([r.score for r in results]),
+                                         torch.tensor([r.acc for r in results]), G).tolist()
+                if dynamic.mode != "resample" or not self._still_short(sum(signal) < len(rows)) \
+                        or rounds == dynamic.rounds:
+                    break
+                rounds += 1
+                batch_rows = self._refill_rows(math.ceil(dynamic.extra * len(rows)), index, rounds)
+        rollout = Rollout.join([p[0] for p in parts], self.family.pad_id)
+        expanded, results = [r for p in parts for r in p[1]], [r for p in parts for r in p[2]]
         dropped = None
-        if extra:  # dynamic sampling: the groups with a reward spread first, as many as the batch holds
-            scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-            groups, flat = signal_groups(scores, G, len(rows))
-            dropped = (sum(g not in groups for g in range(len(rows))), flat)
+        if dynamic.mode == "drop":
+            dropped = (sum(not s for s in signal), 0, 0)
+        elif dynamic.mode != "off":  # the groups with a signal first, as many as the batch holds
+            groups, flat = signal_groups(signal, len(rows))
+            dropped = (len(signal) - len(groups), flat, rounds)
             picks = [g * G + k for g in groups for k in range(G)]
-            rollout = rollout.select(picks)
+            rollout = rollout.select(picks) if len(picks) < len(expanded) else rollout
             expanded, results = [expanded[i] for i in picks], [results[i] for i in picks]
-        return Decoded(rollout, expanded, results, version, (rolled - start, time.perf_counter() - rolled), dropped)
+            signal = [signal[g] for g in groups]
+        decoded_s = time.perf_counter() - start - reward_s
+        return Decoded(rollout, expanded, results, version, (decoded_s, reward_s), dropped, signal or None)
+
+    def _truncated_wrong(self, rollout, results: list) -> list:
+        """With ``truncated_is_wrong``, a completion without a stop token scores 0 and is not correct (TraceRL's and
+        DiRL's rule: a response cut off by the length limit is wrong, whatever it holds)."""
+        if not self.truncated_is_wrong:
+            return results
+        stopped = torch.isin(rollout.completion_ids, torch.tensor(self.family.stop_ids,
+                                                                  device=rollout.completion_ids.device)).any(-1)
+        return [r if done else RewardResult(0.0, 0.0, r.pred) for r, done in zip(results, stopped.tolist(),
+                                                                                  strict=True)]
+
+    def _still_short(self, short: bool) -> bool:
+        """Whether any process still lacks groups with a signal: every process decodes the same number of rounds
+        (a sharded policy's forward is collective). A rollout decoded ahead runs on its own copy: no collective."""
+        if self.rollouts.lag or not torch.distributed.is_initialized():
+            return short
+        flag = torch.tensor(float(short), device=self.accelerator.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _rollout_batch(self, rows: list[dict]) -> list[dict]:
         algo, family, G = self.algorithm, self.family, self.num_generations
@@ -199,6 +239,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         if decoded.dropped is not None:
             self._add("rollout/groups_dropped", decoded.dropped[0])
             self._add("rollout/groups_without_signal", decoded.dropped[1])
+            self._add("rollout/dynamic_rounds", decoded.dropped[2])
 
         def reward_of(ids: torch.Tensor, picks: list[int]) -> torch.Tensor:
             texts = decode_completions(self.processing_class, family, ids)[1]
@@ -206,6 +247,11 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
             return torch.tensor([r.score for r in found], dtype=torch.float32, device=device)
 
         batch = algo.make_batch(family, rollout, scores, G, reward_of, self.state.global_step, self.sampling)
+        if algo.dynamic_sampling.mode == "drop":  # the groups without a signal leave the loss
+            out = ~torch.tensor(decoded.signal, device=device).repeat_interleave(G)
+            batch["advantages"] = batch["advantages"].masked_fill(out.view(-1, *[1] * (batch["advantages"].dim() - 1)),
+                                                                  0.0)
+            batch["loss_mask"] = batch["loss_mask"].masked_fill(out[:, None], 0)
         parts = self._split(batch)
         counts = torch.stack([algo.normaliser(family, part, self.sampling).float().reshape(-1) for part in parts])
         counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
@@ -247,13 +293,12 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
             return [done[key] for key in keys]
         return score
 
-    def _refill_rows(self, prompts: int, index: int) -> list[dict]:
-        """Dynamic sampling's extra prompts for rollout ``index``: a fixed draw of the training rows (a resumed run
-        draws the same)."""
-        extra = math.ceil(self.dynamic_sampling * prompts)
+    def _refill_rows(self, prompts: int, index: int, round_: int) -> list[dict]:
+        """Dynamic sampling's ``prompts`` extra prompts for round ``round_`` of rollout ``index``: a fixed draw of the
+        training rows (a resumed run draws the same)."""
         order = torch.randperm(len(self.train_dataset), generator=torch.Generator().manual_seed(
-            self._seed("refill", index)))
-        return [self.train_dataset[i] for i in order[:extra].tolist()]
+            self._seed("refill", index, *([round_] if round_ else []))))
+        return [self.train_dataset[i] for i in order[:prompts].tolist()]
 
     @torch.no_grad()
     def _score_old_and_reference(self, parts: list[dict], old: bool):
