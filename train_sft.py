@@ -138,15 +138,17 @@ def main(args: Args):
 def held_out_generation(args: Args, tokenizer, family, positions: int | None) -> tuple:
     """(rows, sampling, rewards) of ``--eval-generate``: the first N held-out prompts as the model was trained on
     them (no answer instruction added), checked before the weights load."""
-    from dare.data import RLDataConfig, prompt_rows
+    from dare.data import RLDataConfig, load_rows, prompt_rows
     from dare.data.chat import encode
+    from dare.data.sft import sft_format
     from dare.rewards.routing import RewardRouter
 
     d = args.data
     if not d.eval_path or args.eval_steps <= 0:
         raise ValueError("eval_generate needs held-out prompts: set data.eval_path and eval_steps > 0")
+    prompt_key = d.prompt_key or sft_format(load_rows(d.eval_path, d.eval_split, d.local_dir)[0])[1]
     rows = prompt_rows(d.eval_path, d.eval_split, RLDataConfig(
-        prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt, answer_instruction="none",
+        prompt_key=prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt, answer_instruction="none",
         local_dir=d.local_dir), args.eval_generate)
     longest = max(len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows]))
     return rows, args.eval_sampling.check(family, "eval_sampling", longest, positions), RewardRouter(args.eval_rewards)

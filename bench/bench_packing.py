@@ -18,6 +18,7 @@ import torch
 from _common import LivePeak, hidden_override, in_child
 
 from dare.data import SFTCollator, SFTDataConfig, load_rows, tokenize_sft
+from dare.data.sft import as_sft_rows
 from dare.likelihood import MeanField, score_tokens
 from dare.models import FAMILIES, Family, tiny
 from dare.objectives import sft_loss
@@ -31,8 +32,8 @@ RL_MODES = {"padded": 0, "packed": 1, "packed 2x": 2}  # PackedFamily's row widt
 
 def micro_batches(args, tok, fam) -> list[list[dict]]:
     """The tokenized examples, ``--batch`` per step, in order."""
-    config = SFTDataConfig(max_length=args.max_length, truncation="right")
     rows = load_rows(str(args.data)).select(range(args.batch * (args.warmup + args.steps)))
+    rows, config = as_sft_rows(rows, SFTDataConfig(max_length=args.max_length, truncation="right"))
     examples = [tokenize_sft(r, tok, fam, config) for r in rows]
     return [examples[i:i + args.batch] for i in range(0, len(examples), args.batch)]
 

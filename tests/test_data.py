@@ -8,7 +8,7 @@ import torch
 from conftest import SHARED
 
 from dare.data import SFTCollator, SFTDataConfig, get_field, load_rows, tokenize_sft
-from dare.data.sft import tokenize_dataset
+from dare.data.sft import as_sft_rows, tokenize_dataset
 from dare.models import Family, tiny
 
 ROWS = [{"q": "What is 2+3?", "a": "2+3=5. #### 5", "meta": {"src": "toy"}},
@@ -101,12 +101,13 @@ def test_real_gsm8k_sft_file():
     if not path.exists():
         pytest.skip(f"{path} not found (../shared is absent)")
     tok, fam = family_of("llada")
-    rows = load_rows(str(path))
-    cfg = SFTDataConfig(path=str(path), max_length=1024)
+    rows, cfg = as_sft_rows(load_rows(str(path)), SFTDataConfig(path=str(path), max_length=1024))
+    assert (cfg.prompt_key, cfg.response_key) == ("extra_info.question", "extra_info.answer")  # found, no flags
     ex = tokenize_sft(rows[0], tok, fam, cfg)
     text = tok.decode(ex["input_ids"])
     assert "Natalia sold clips" in text and text.endswith("#### 72<|eot_id|><|endoftext|>")
-    messages = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="prompt", max_length=1024))
+    messages = tokenize_sft(rows[0], tok, fam, SFTDataConfig(prompt_key="prompt", response_key="extra_info.answer",
+                                                             max_length=1024))
     assert "output the final answer" in tok.decode(messages["input_ids"])  # the chat-message column works too
     assert torch.tensor(ex["input_ids"]).max() < len(tok)
 
@@ -195,3 +196,49 @@ def test_right_truncation_drops_examples_whose_prompt_fills_max_length_and_says_
     assert len(out) == 1 and out[0]["response_length"] > 0
     with pytest.raises(ValueError, match="no example fits max_length=64"):
         tokenize_dataset(rows.select([1]), tokenizer, family, data)
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."}]
+FORMATS = {  # one row of each format read without key flags: (row, [(prompt messages, response) learned])
+    "prompt-completion": ({"prompt": "2+2?", "completion": "4."}, [([{"role": "user", "content": "2+2?"}], "4.")]),
+    "conversational prompt-completion": ({"prompt": CHAT[1:2], "completion": CHAT[2:3]}, [(CHAT[1:2], "Hello.")]),
+    "messages": ({"messages": CHAT}, [(CHAT[:2], "Hello."), (CHAT[:4], "4.")]),
+    "sharegpt": ({"conversations": [{"from": m["role"], "value": m["content"]} for m in CHAT]},
+                 [(CHAT[:2], "Hello."), (CHAT[:4], "4.")]),
+    "task": ({"prompt": CHAT[1:2], "reward_model": {"ground_truth": "4"}, "extra_info": {"solution": "Hello."}},
+             [(CHAT[1:2], "Hello.")]),
+    "reference": ({"extra_info": {"question": "2+2?", "answer": "4."}},
+                  [([{"role": "user", "content": "2+2?"}], "4.")]),
+}
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_sft_formats_are_found_from_the_columns(kind, tmp_path):
+    """TRL's standard and conversational formats (a multi-turn conversation: one example per assistant turn, its
+    history as the prompt), DARE's task rows and the reference schema train with no key flag."""
+    row, expected = FORMATS[kind]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    tok, fam = family_of("llada")
+    examples = tokenize_dataset(load_rows(str(path)), tok, fam, SFTDataConfig(max_length=128))
+    assert len(examples) == len(expected)
+    for example, (messages, response) in zip(examples, expected, strict=True):
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+        ids = example["input_ids"]
+        assert ids[:example["prompt_length"]] == prompt
+        assert tok.decode(ids[example["prompt_length"]:-2]) == response
+
+
+def test_an_unknown_sft_format_names_its_columns(jsonl, tmp_path):
+    tok, fam = family_of("llada")
+    with pytest.raises(ValueError, match=r"Cannot tell the SFT format of columns \['a', 'meta', 'q'\]: .+'messages'"):
+        tokenize_dataset(load_rows(jsonl), tok, fam, SFTDataConfig())
+    with pytest.raises(ValueError, match="prompt-key and --data.response-key go together"):
+        tokenize_dataset(load_rows(jsonl), tok, fam, SFTDataConfig(prompt_key="q"))
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"messages": CHAT[2:]}) + "\n")
+    with pytest.raises(ValueError, match="opens with an assistant turn"):
+        tokenize_dataset(load_rows(str(path)), tok, fam, SFTDataConfig())

@@ -90,7 +90,7 @@ def run_readme_line(prefix: str, tmp_path, which: int = 0):
     return tmp_path / "out"
 
 
-@pytest.mark.parametrize("which", [0, 1])  # DiffusionGemma's, then the quickstart's
+@pytest.mark.parametrize("which", [0, 1, 2])  # DiffusionGemma's, task:sum4 with no key flags, the tiny SDAR one
 def test_tiny_training_command_runs_as_written(tmp_path, which):
     assert (run_readme_line("python train_sft.py --model tiny:", tmp_path, which) / "model.safetensors").exists()
 

@@ -172,3 +172,19 @@ def test_held_out_loss_is_logged_with_fixed_masks_and_leaves_training_unchanged(
     _, plain = sft(tmp_path / "plain")
     for (name, a), b in zip(trainer.model.state_dict().items(), plain.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("data", ["task:sum4", "messages"])
+def test_sft_runs_on_a_task_and_on_conversations_with_no_key_flags(data, tmp_path):
+    """The first command a user tries: ``train_sft.py --data.path task:sum4`` (and a multi-turn messages file)."""
+    if data == "messages":
+        path = tmp_path / "chats.jsonl"
+        turns = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+                 {"role": "user", "content": "and 2+2?"}, {"role": "assistant", "content": "4"}]
+        path.write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(4)))
+        data = str(path)
+    args = args_for(data, tmp_path / "out", max_steps=2, save_steps=2)
+    args.data.prompt_key = args.data.response_key = None
+    args.data.limit = 8
+    train_sft.main(args)
+    assert latest_complete_checkpoint(str(tmp_path / "out")).endswith("checkpoint-2")

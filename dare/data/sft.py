@@ -20,7 +20,7 @@ response length. Decoding cuts a completion at its first stop token; keep ``pack
 """
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,8 +34,10 @@ class SFTDataConfig:
     # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/sft
     local_dir: str | None = None
     split: str = "train"  # hub datasets only
-    prompt_key: str = "extra_info.question"  # column holding the prompt (text or a list of chat messages); a.b = nested
-    response_key: str = "extra_info.answer"  # column holding the response text
+    # column holding the prompt (text or a list of chat messages; a.b = nested); None: found from the columns (the
+    # formats of sft_format: TRL's prompt/completion and messages, DARE's task and reference schemas)
+    prompt_key: str | None = None
+    response_key: str | None = None  # column holding the response text; None: found with the prompt's
     # the final answer the rewards compare with (only for train_sft.py --eval-generate)
     answer_key: str = "reward_model.ground_truth"
     system_prompt: str | None = None  # prepended as a system message when the prompt is plain text
@@ -67,12 +69,82 @@ def as_messages(prompt, system_prompt):
     return messages
 
 
+# (name, prompt column, response column) of the formats read without key flags, in the order they are tried; TRL's
+# conversational rows (``messages``, or ShareGPT's ``conversations``) become prompt/completion rows first
+SFT_FORMATS = (("prompt-completion (TRL)", "prompt", "completion"),
+               ("task (DARE's task:NAME rows)", "prompt", "extra_info.solution"),
+               ("reference (question / answer in extra_info)", "extra_info.question", "extra_info.answer"))
+
+
+def has_field(row: dict, key: str) -> bool:
+    try:
+        get_field(row, key)
+    except KeyError:
+        return False
+    return True
+
+
+def sft_format(row: dict) -> tuple[str, str, str]:
+    """``(format, prompt key, response key)`` of a row read without key flags, or a one-line error naming its columns
+    and the formats accepted."""
+    for found in SFT_FORMATS:
+        if has_field(row, found[1]) and has_field(row, found[2]):
+            return found
+    accepted = "; ".join(f"{name}: {p!r} + {r!r}" for name, p, r in SFT_FORMATS)
+    raise ValueError(f"Cannot tell the SFT format of columns {sorted(row)}: accepted are conversational (TRL): "
+                     f"'messages' (or ShareGPT 'conversations'); {accepted}; or name yours with --data.prompt-key and "
+                     "--data.response-key")
+
+
+def conversation_turns(batch: dict) -> dict:
+    """Conversational rows (``messages``: role/content dicts, ShareGPT's from/value read too) as one prompt/completion
+    row per assistant turn, the conversation before it as the prompt (LLaDA's multi-turn SFT: every assistant turn is
+    learned, each from its own history)."""
+    from trl.data_utils import maybe_convert_to_chatml  # here: --help imports this module and trl takes seconds
+
+    prompts, completions = [], []
+    for messages in batch["messages"]:
+        messages = maybe_convert_to_chatml({"messages": [dict(m) for m in messages]})["messages"]
+        for turn, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            if turn == 0:
+                raise ValueError("A conversation opens with an assistant turn: nothing before it to learn it from")
+            prompts.append(messages[:turn])
+            completions.append(message["content"])
+    return {"prompt": prompts, "completion": completions}
+
+
+def completion_text(response, key: str) -> str:
+    """The response as text: a string, or TRL's conversational completion (one assistant message)."""
+    if isinstance(response, list) and len(response) == 1 and isinstance(response[0], dict) and \
+            response[0].get("role") == "assistant":
+        response = response[0].get("content")
+    if not isinstance(response, str):
+        raise ValueError(f"Column {key!r} must hold text or one assistant message, got {type(response).__name__}")
+    return response
+
+
+def as_sft_rows(rows, config: SFTDataConfig):
+    """``(rows, config)`` ready for ``tokenize_sft``: conversations cut into prompt/completion rows and the keys found
+    from the columns, unless given."""
+    if config.prompt_key and config.response_key:
+        return rows, config
+    if config.prompt_key or config.response_key:
+        raise ValueError("--data.prompt-key and --data.response-key go together: give both, or neither to have the "
+                         "format found from the columns")
+    if "conversations" in rows.column_names and "messages" not in rows.column_names:
+        rows = rows.rename_column("conversations", "messages")
+    if "messages" in rows.column_names:
+        rows = rows.map(conversation_turns, batched=True, remove_columns=rows.column_names, desc="assistant turns")
+    _, prompt, response = sft_format(rows[0])
+    return rows, replace(config, prompt_key=prompt, response_key=response)
+
+
 def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
     """``{"input_ids", "prompt_length", "response_length"}`` for one row; ``truncated`` says whether it was cut."""
     prompt = get_field(row, config.prompt_key)
-    response = get_field(row, config.response_key)
-    if not isinstance(response, str):
-        raise ValueError(f"Column {config.response_key!r} must hold text, got {type(response).__name__}")
+    response = completion_text(get_field(row, config.response_key), config.response_key)
     prompt_ids = tokenizer.apply_chat_template(as_messages(prompt, config.system_prompt), add_generation_prompt=True,
                                                tokenize=True, return_dict=True)["input_ids"]
     turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
@@ -151,6 +223,7 @@ class SFTCollator:
 def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):
     """Tokenize every row (datasets.map keeps a cache); warns with the count of truncated examples and drops, with
     their count, those that truncation would empty (right: a prompt that alone fills max_length)."""
+    rows, config = as_sft_rows(rows, config)
     columns = rows.column_names
     out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config), remove_columns=columns,
                    desc="tokenizing")
