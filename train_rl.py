@@ -72,7 +72,7 @@ class Args:
     max_steps: int = -1  # optimiser steps (a rollout every num_iterations x mini_batches of them); > 0 overrides epochs
     num_train_epochs: float = 1.0  # passes over the data (when max_steps <= 0)
     bf16: bool = False  # bf16 autocast around fp32 master weights (a GPU that has it; elsewhere fp32, with a note)
-    dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16
+    dtype: str = "float32"  # weight dtype at load: float32 (fp32; master weights) or bfloat16 (bf16)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # processes sharing each row in the scoring passes (Ulysses; heads divisible by it); rollouts run whole; data-
     # parallel size = processes / this
@@ -91,7 +91,7 @@ class Args:
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
     # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
-    # "Resume": what may change)
+    # "Scripts: recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -248,8 +248,10 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights
     from dare.trainers import fit, resume_from
+    from dare.trainers.flags import check_training_flags
 
     set_seed(args.seed)
+    check_training_flags(args)
     args.lora.validate()
     check_counts(args)
     check_attention(args.attn_implementation, training=True)

@@ -42,7 +42,8 @@ class Args:
     gradient_accumulation_steps: int = 1
     group_by_length: bool = False  # batch examples of similar length together (less padding with pad_to=longest)
     bf16: bool = False  # bf16 autocast around fp32 master weights (a GPU that has it; elsewhere fp32, with a note)
-    dtype: str = "float32"  # weight dtype at load: float32 (master weights) or bfloat16 (pure bf16, half the memory)
+    # weight dtype at load: float32 (fp32; master weights) or bfloat16 (bf16; pure bf16, half the memory)
+    dtype: str = "float32"
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # processes sharing each sequence (Ulysses; heads and data.max_length divisible by it); data-parallel size =
     # processes / this
@@ -63,7 +64,7 @@ class Args:
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
     # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
-    # "Resume": what may change)
+    # "Scripts: recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
@@ -80,8 +81,10 @@ def main(args: Args):
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, resume_from
     from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
+    from dare.trainers.flags import check_training_flags
 
     set_seed(args.seed)
+    check_training_flags(args)
     args.lora.validate()
     check_attention(args.attn_implementation, training=True)
     checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None

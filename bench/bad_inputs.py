@@ -174,6 +174,18 @@ CASES = [
      {"absent": "^step [12]/", "creates": "{B}/ck_more/checkpoint-3/COMPLETE"}),
     ("x21_resume_mid_intact", res("ck_mid_ok"), 0, "^step 2/2  loss",
      {"absent": "^step 1/", "creates": "{B}/ck_mid_ok/checkpoint-2/COMPLETE"}),
+    # --- a new user's first hour (issue 57): numbers misread in silence, backends not installed ---
+    ("x22_sft_max_steps_zero", sft("--max-steps 0"), 2, "max-steps"),
+    ("x23_sft_max_steps_negative", sft("--max-steps -5"), 2, "max-steps"),
+    ("x24_sft_accumulation_zero", sft("--gradient-accumulation-steps 0"), 2, "gradient-accumulation-steps"),
+    ("x25_sft_dtype_float64", sft("--dtype float64"), 2, "float64"),
+    ("x26_sft_dtype_bf16_alias", sft("--dtype bf16"), 0, None, {"creates": "{R}/model.safetensors"}),
+    ("x27_rl_resume_must_alone", rl("--resume-must"), 2, "resume-must"),
+    ("x28_sft_flash_attention_missing", sft("--attn-implementation flash_attention_2"), 2, "flash-attn"),
+    ("x29_rl_report_to_wandb_missing", rl("--report-to wandb"), 2, "wandb"),
+    ("x30_sft_task_without_keys", raw("train_sft.py", "--model tiny:llada --data.path task:sum4 --data.limit 8 "
+                                      "--data.max-length 96 --max-steps 1 --output-dir {R}"), 0, None,
+     {"creates": "{R}/model.safetensors"}),
 ]
 
 

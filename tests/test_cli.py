@@ -151,7 +151,7 @@ def test_sft_reads_and_checks_its_data_before_the_weights_load(weightless, tmp_p
     with pytest.raises(FileNotFoundError, match="Dataset file not found"):
         train_sft.main(args)
     args.data.path = write_task("addition", str(tmp_path / "sft.jsonl"), 8)
-    args.data.prompt_key = "question"
+    args.data.prompt_key, args.data.response_key = "question", "extra_info.solution"
     with pytest.raises(KeyError, match="'question' not found"):
         train_sft.main(args)
     args.data.prompt_key, args.data.response_key, args.data.max_length = "prompt", "extra_info.solution", 4096
@@ -325,3 +325,41 @@ def test_a_model_folder_without_tokenizer_files_is_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path}: its tokenizer cannot be loaded ("), \
         out.stderr[-600:]
     assert out.stderr.splitlines()[1].startswith("(traceback in "), "one line"
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("max_steps", 0, r"--max-steps must be at least 1 \(or -1: train --num-train-epochs\), got 0"),
+    ("max_steps", -5, "--max-steps must be at least 1 .+got -5"),
+    ("gradient_accumulation_steps", 0, "--gradient-accumulation-steps must be at least 1, got 0"),
+    ("dtype", "float64", "--dtype float64: DARE trains in float32 .+ or bfloat16"),
+    ("dtype", "fp16", "--dtype fp16: fp16 weights overflow"),
+    ("dtype", "half", r"--dtype 'half' is not one of \['bf16', 'bfloat16', 'float32', 'fp32'\]"),
+    ("resume_must", True, "--resume-must says what --resume does .+add --resume"),
+    ("attn_implementation", "flash_attention_2", "flash_attention_2 needs the flash-attn package"),
+    ("report_to", "wandb", "--report-to wandb: the wandb package is not installed"),
+    ("report_to", "mlflow", r"--report-to 'mlflow' is not one of \['none', 'tensorboard', 'wandb'\]"),
+    ("learning_rate", -1e-4, "--learning-rate must be >= 0")])
+def test_shared_training_flags_are_checked_before_anything_loads(weightless, data, tmp_path, flag, value, message):
+    """Each was misread in silence (--max-steps 0 trained one step, -5 a whole epoch, --dtype float64 trained in
+    float64, --resume-must alone trained from scratch) or ended in a traceback (an accumulation of 0, bf16, a backend
+    not installed); now one error, in both training scripts, before the weights load (the folder has none)."""
+    import importlib.util
+    if flag == "attn_implementation" and importlib.util.find_spec("flash_attn") or \
+            flag == "report_to" and value == "wandb" and importlib.util.find_spec("wandb"):
+        pytest.skip(f"{value}'s package is installed here")
+    args = train_sft.Args(model=weightless["llada"], output_dir=str(tmp_path / "sft"), max_steps=1)
+    args.data.path = write_task("addition", str(tmp_path / "sft.jsonl"), 8)
+    setattr(args, flag, value)
+    with pytest.raises(ValueError, match=message):
+        train_sft.main(args)
+    if flag != "gradient_accumulation_steps":  # an SFT flag only
+        with pytest.raises(ValueError, match=message):
+            train_rl.main(rl_args(data, tmp_path / "rl", model=weightless["llada"], **{flag: value}))
+
+
+@pytest.mark.parametrize("alias, dtype", [("bf16", "bfloat16"), ("FP32", "float32"), ("bfloat16", "bfloat16")])
+def test_dtype_aliases_map_to_the_dtype(alias, dtype):
+    from dare.trainers.flags import check_training_flags
+    args = train_sft.Args(dtype=alias)
+    check_training_flags(args)
+    assert args.dtype == dtype

@@ -1,5 +1,6 @@
 """Load a model, its tokenizer and its ``Family`` from a hub name or a local folder, never running remote code."""
 
+import importlib.util
 import json
 import os
 import re
@@ -110,6 +111,9 @@ def check_attention(name: str, training: bool) -> None:
     known = ["eager", *(k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if "|" not in k)]
     if name not in known:
         raise ValueError(f"attn_implementation {name!r} is not one of {known}")
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError("attn_implementation flash_attention_2 needs the flash-attn package (pip install flash-attn "
+                         "--no-build-isolation, on a CUDA machine): use sdpa without it")
     if name == FLEX and training and not torch.accelerator.is_available():
         raise ValueError("attn_implementation flex_attention has no backward on CPU (torch): train with sdpa here "
                          "(evaluate.py and no-grad scoring take flex on CPU)")
