@@ -94,6 +94,8 @@ class Args:
     # "Scripts: recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
+    # a fresh run into an output_dir holding another run: delete its checkpoints, model and logs (default: refuse)
+    overwrite_output_dir: bool = False
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
     log_completions: int = 2  # completions per rollout written to output_dir/completions.jsonl (0: none)
 
@@ -247,7 +249,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
 
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights
-    from dare.trainers import fit, resume_from
+    from dare.trainers import fit, start_or_resume
     from dare.trainers.flags import check_training_flags
 
     set_seed(args.seed)
@@ -255,7 +257,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     args.lora.validate()
     check_counts(args)
     check_attention(args.attn_implementation, training=True)
-    checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
+    checkpoint = start_or_resume(args)
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load
     args.algo_config.validate(family)
     build = TRAINERS[args.algo_config.trainer](args, config, tokenizer, family)  # its data, checks and engine

@@ -67,6 +67,8 @@ class Args:
     # "Scripts: recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
+    # a fresh run into an output_dir holding another run: delete its checkpoints, model and logs (default: refuse)
+    overwrite_output_dir: bool = False
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
 
 
@@ -79,7 +81,7 @@ def main(args: Args):
     from dare.data.sft import tokenize_dataset
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
-    from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, resume_from
+    from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, start_or_resume
     from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
     from dare.trainers.flags import check_training_flags
 
@@ -87,7 +89,7 @@ def main(args: Args):
     check_training_flags(args)
     args.lora.validate()
     check_attention(args.attn_implementation, training=True)
-    checkpoint = resume_from(args.output_dir, args, args.resume_must) if args.resume else None
+    checkpoint = start_or_resume(args)
     config, tokenizer, family = load_config(args.model)  # the data is read and checked before the weights load
     sp = args.sequence_parallel
     if family.noise == "uniform" and (args.data.pack or sp > 1):

@@ -41,7 +41,7 @@ def sft(folder, steps, queue):
     with tempfile.TemporaryDirectory() as tmp:
         a = train_sft.Args(model="tiny:llada", output_dir=folder, max_steps=steps, learning_rate=3e-3,
                            warmup_steps=0.0, lr_scheduler_type="constant", per_device_train_batch_size=16,
-                           logging_steps=100, save_steps=10 ** 6)
+                           logging_steps=100, save_steps=10 ** 6, overwrite_output_dir=True)
         a.data.path = write_task("addition", f"{tmp}/train.jsonl", 4000, 0, "train")
         a.data.prompt_key, a.data.response_key, a.data.max_length, a.data.pad_to = ("prompt", "extra_info.solution",
                                                                                     64, "longest")

@@ -113,3 +113,22 @@ def test_a_damaged_checkpoint_file_is_named_before_anything_loads(sft_run, damag
     path.write_bytes(bytes(content[:len(content) // 3]))  # cut short
     with pytest.raises(ValueError, match=rf"{damage} is damaged"):
         train_sft.main(args_for(rows, out, max_steps=4, save_steps=2, resume=True))
+
+
+def test_a_fresh_run_never_mixes_with_another(sft_run, capsys):
+    """A fresh run into a used folder was silent: it overwrote checkpoint-2 and the model, kept the old run's later
+    checkpoints, and a later --resume continued the old run. Now it is refused before anything loads; with
+    --overwrite-output-dir the old run's checkpoints, model and logs go first (other files stay); a resume names the
+    checkpoint it took."""
+    rows, out = sft_run
+    train_sft.main(args_for(rows, out, max_steps=4, save_steps=2, resume=True))  # the old run: checkpoints 2 and 4
+    (out / "notes.txt").write_text("mine")
+    assert "--resume: continuing from " + str(out / "checkpoint-2") + " (step 2)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"holds another run \(checkpoint-2, checkpoint-4, .+\): --resume to continue "
+                                         r"it, --overwrite-output-dir to replace it"):
+        train_sft.main(args_for(rows, out, max_steps=2, save_steps=2, learning_rate=1e-3))
+    assert steps_of(out / "checkpoint-4") == 4  # refused before anything was written
+    train_sft.main(args_for(rows, out, max_steps=2, save_steps=2, learning_rate=1e-3, overwrite_output_dir=True))
+    assert not (out / "checkpoint-4").exists() and (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "checkpoint-2" / SETTINGS).read_text())["learning_rate"] == 1e-3
+    assert "deleted the previous run" in capsys.readouterr().err

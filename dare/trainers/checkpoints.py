@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -28,7 +29,7 @@ WINDOW = "dare_log_window"  # + .<process>.json: the loss not yet logged when th
 # settings a resumed run takes as given (the last part of a field's dotted name)
 MAY_CHANGE = {"max_steps", "num_train_epochs", "logging_steps", "save_steps", "save_total_limit", "report_to",
               "console", "resume", "resume_must", "eval_steps", "eval_on_start", "log_completions", "export_merged",
-              "reward_workers", "output_dir", "config"}
+              "reward_workers", "output_dir", "config", "overwrite_output_dir"}
 
 
 def share_like_umask(folder: str) -> None:
@@ -156,6 +157,36 @@ def check_files(checkpoint: str) -> None:
             raise ValueError(f"{path} is damaged ({e}): {advice}") from None
 
 
+# what a run writes into its output_dir: a fresh run refuses a folder holding them (another run's), and
+# --overwrite-output-dir deletes them first; any other file of the folder is left alone
+RUN_FILES = ("checkpoint-*", "runs", "merged", "completions.jsonl", "*.safetensors", "*.safetensors.index.json",
+             SETTINGS)
+
+
+def start_or_resume(args) -> str | None:
+    """The checkpoint this run continues from (``--resume``: ``resume_from``), or None for a fresh run. A fresh run
+    never mixes with another: a folder holding another run's checkpoints or model is refused, unless
+    ``--overwrite-output-dir``, which deletes them (``RUN_FILES``) first. Call it before the weights load."""
+    if args.resume:
+        return resume_from(args.output_dir, args, args.resume_must)
+    folder = Path(args.output_dir)
+    found = sorted({p for pattern in RUN_FILES for p in folder.glob(pattern)}) if folder.is_dir() else []
+    if not found:
+        return None
+    if not args.overwrite_output_dir:
+        names = ", ".join(p.name for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise ValueError(f"{folder} holds another run ({names}): --resume to continue it, --overwrite-output-dir "
+                         "to replace it (its checkpoints, model and logs are deleted), or another --output-dir")
+    for path in found:  # every process may do this before they join: a file already gone is no error
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"--overwrite-output-dir: deleted the previous run in {folder} ({len(found)} entries)", file=sys.stderr)
+    return None
+
+
 def resume_from(output_dir: str, args, must: bool = False) -> str | None:
     """The checkpoint a ``--resume`` continues from (None: there is none, said on stderr; with ``must`` an error),
     refused when it was made with other settings than ``args`` (see the module docstring). Call it before the
@@ -171,6 +202,7 @@ def resume_from(output_dir: str, args, must: bool = False) -> str | None:
     if not path.exists():
         print(f"warning: --resume: {checkpoint} records no settings (an older DARE); they are not checked",
               file=sys.stderr)
+        announce(checkpoint)
         return checkpoint
     try:
         saved = json.loads(path.read_text())
@@ -181,7 +213,15 @@ def resume_from(output_dir: str, args, must: bool = False) -> str | None:
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise ValueError(f"--resume: {checkpoint} was made with other settings: {shown}. Resume with the "
                          f"checkpoint's values, or start a new --output-dir")
+    announce(checkpoint)
     return checkpoint
+
+
+def announce(checkpoint: str) -> None:
+    """Say which checkpoint a resume took, and its step (the first process only)."""
+    if os.environ.get("RANK", "0") == "0":
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step", "?")
+        print(f"--resume: continuing from {checkpoint} (step {step})", file=sys.stderr)
 
 
 def finished(checkpoint: str, max_steps: int = -1) -> bool:

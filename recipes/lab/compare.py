@@ -226,7 +226,7 @@ def sft(family: str, lab: Lab, folder: Path) -> str:
     a = train_sft.Args(model=f"tiny:{family}", output_dir=str(folder), max_steps=sft_steps(family, lab),
                        learning_rate=lab.sft_lr, warmup_steps=0.0, lr_scheduler_type="constant",
                        per_device_train_batch_size=16, logging_steps=100, save_steps=10 ** 6,
-                       stop_at_loss=sft_stop_at_loss(family, lab))
+                       stop_at_loss=sft_stop_at_loss(family, lab), overwrite_output_dir=True)  # a killed run anew
     a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
     a.data.max_length, a.data.pad_to = max(64, row_length(lab.task, family) + 8), "longest"
     steps = train_sft.main(a).state.global_step
@@ -255,7 +255,7 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab, family: str | 
     a = train_rl.args_class(name)(model=start, output_dir=out, seed=seed, prompts_per_step=lab.prompts_per_step,
                                   num_generations=lab.num_generations, micro_batch_size=128,
                                   learning_rate=lab.learning_rate, warmup_steps=0.0, lr_scheduler_type="constant",
-                                  logging_steps=1, log_completions=0)
+                                  logging_steps=1, log_completions=0, overwrite_output_dir=True)
     if lab.prompt_masking is not None and hasattr(a.algo_config, "p_prompt"):
         a.algo_config.p_prompt = lab.prompt_masking
     if lab.num_iterations is not None and hasattr(a.algo_config, "num_iterations"):
