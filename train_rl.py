@@ -262,7 +262,7 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     args.algo_config.validate(family)
     build = TRAINERS[args.algo_config.trainer](args, config, tokenizer, family)  # its data, checks and engine
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
-    trainer = build(apply_lora(model, args.lora, args.gradient_checkpointing))
+    trainer = build(apply_lora(model, args.lora, args.gradient_checkpointing, args.model))
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None
     return fit(trainer, checkpoint, merged, settings=args)
 

@@ -129,7 +129,7 @@ def main(args: Args):
         eval_steps=args.eval_steps or None, per_device_eval_batch_size=args.per_device_train_batch_size,
         **process_group_args())
     model = load_weights(args.model, config, getattr(torch, args.dtype), args.attn_implementation)
-    model = apply_lora(model, args.lora, args.gradient_checkpointing)
+    model = apply_lora(model, args.lora, args.gradient_checkpointing, args.model)
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
                                   family=family, generation=generation, sequence_parallel=args.sequence_parallel,
                                   data_collator=SFTCollator(family, args.data), processing_class=tokenizer,

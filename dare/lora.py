@@ -17,11 +17,17 @@ class LoraArgs:
         return self
 
 
-def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
-    """``model`` wrapped with trainable adapters (unchanged when ``lora.rank`` is 0)."""
+def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False, base: str | None = None):
+    """``model`` wrapped with trainable adapters (unchanged when ``lora.rank`` is 0). ``base``: the model name the
+    adapter folder records as its base (a local path made absolute), so that the folder loads as a model anywhere
+    (``dare.models.loading.adapter_base``), ``tiny:`` names included."""
     if lora.rank <= 0:
         return model
+    import os
+
     from peft import LoraConfig, get_peft_model
+
+    from .models.loading import looks_local
     targets = lora.target_modules
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
     if gradient_checkpointing:
@@ -30,14 +36,21 @@ def apply_lora(model, lora: LoraArgs, gradient_checkpointing: bool = False):
     # refuses), so peft.AutoPeftModelForCausalLM reloads it through AutoModelForCausalLM. DiffusionGemma is no causal
     # LM (no prepare_inputs_for_generation): a plain PeftModel, reloaded with PeftModel.from_pretrained
     task = "CAUSAL_LM" if hasattr(model, "prepare_inputs_for_generation") else None
-    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none", task_type=task,
-                                            lora_dropout=lora.dropout, target_modules=targets))
+    wrapped = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, bias="none", task_type=task,
+                                               lora_dropout=lora.dropout, target_modules=targets))
+    if base is not None:
+        local = looks_local(base) and not base.startswith("tiny:")
+        wrapped.peft_config[wrapped.active_adapter].base_model_name_or_path = \
+            os.path.abspath(os.path.expanduser(base)) if local else base
+    return wrapped
 
 
 def export_merged(trainer, tokenizer, folder: str) -> None:
     """Write the LoRA-merged model as a plain HF folder with the official key names. Every process must call it:
     the weights are first gathered whole (FSDP2 and ZeRO-3 shard them), then merged on the main process into a
     copy built on the meta device around the gathered tensors, so the trained model itself stays as it is."""
+    import dataclasses
+
     import torch
     from peft import get_peft_model
 
@@ -46,8 +59,10 @@ def export_merged(trainer, tokenizer, folder: str) -> None:
         return
     trained = trainer.accelerator.unwrap_model(trainer.model)
     base = trained.get_base_model()
+    # a copy of the adapter config: get_peft_model renames its base (the recorded one stays the trained model's)
+    config = dataclasses.replace(trained.peft_config[trained.active_adapter], base_model_name_or_path=None)
     with torch.device("meta"):
-        copy = get_peft_model(type(base)(base.config), trained.peft_config[trained.active_adapter])
+        copy = get_peft_model(type(base)(base.config), config)
     copy.load_state_dict(state, strict=True, assign=True)
     merged = copy.merge_and_unload()
     merged.save_pretrained(folder)

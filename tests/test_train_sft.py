@@ -10,7 +10,7 @@ import torch
 
 import train_sft
 from dare.lora import apply_lora
-from dare.models import load_pretrained, tiny
+from dare.models import load_pretrained, save_tiny, tiny
 from dare.trainers import COMPLETE, latest_complete_checkpoint
 
 
@@ -113,6 +113,39 @@ def test_lora_trains_adapters_and_exports_merged(arithmetic, tmp_path):
     with torch.no_grad():
         assert torch.allclose(adapted(x).logits, merged.eval()(x).logits, atol=1e-5)
 
+
+
+def test_an_adapter_folder_is_a_model_everywhere(arithmetic, tmp_path, monkeypatch):
+    """``--model OUT`` after a LoRA run (transformers: "Unrecognized model in OUT") is the base with the adapters
+    merged: the same logits as ``OUT/merged``, in evaluate.py and as train_rl.py's start; a local base is recorded
+    as an absolute path; an adapter naming no base says where the merged model is."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from dare.models.loading import looks_local
+    base = tmp_path / "base"
+    save_tiny("llada", base, seed=3)
+    monkeypatch.chdir(tmp_path)
+    args = args_for(arithmetic, tmp_path / "out", model="base", max_steps=4, learning_rate=1e-2)
+    args.lora.rank = 4
+    train_sft.main(args)
+    recorded = json.loads((tmp_path / "out" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == str(base)
+    x = torch.randint(20, 500, (2, 16))
+    with torch.no_grad():
+        adapter, merged, start = (load_pretrained(str(p), dtype=torch.float32)[0].eval()(x).logits
+                                  for p in (tmp_path / "out", tmp_path / "out" / "merged", base))
+    assert torch.equal(adapter, merged) and not torch.allclose(adapter, start)
+    out = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", str(tmp_path / "out"), "--prompt",
+                          "hi", "--gen-length", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "forward passes" in out.stderr, out.stderr[-2000:]
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    (tmp_path / "out" / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    with pytest.raises(ValueError, match=r"do not name their base model .+out/merged is the merged model"):
+        load_pretrained(str(tmp_path / "out"))
+    assert looks_local("out/merged") and not looks_local("GSAI-ML/LLaDA-8B-Instruct")  # a folder here, a hub name
 
 def test_config_file_and_overrides(tmp_path, arithmetic):
     from dare.config import parse

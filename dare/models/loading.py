@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import re
+from pathlib import Path
 
 import torch
 import transformers
@@ -79,8 +80,35 @@ def _tiny_name(name: str) -> tuple[str, dict]:
     return family, overrides
 
 
+ADAPTER = "adapter_config.json"  # PEFT's: a folder holding LoRA adapters, not a model
+
+
+def adapter_base(name_or_path: str) -> str | None:
+    """The base model of a LoRA adapter folder (``adapter_config.json`` and no ``config.json``: what ``train_sft.py
+    --lora.rank R`` writes), or None for anything else."""
+    folder = Path(os.path.expanduser(name_or_path))
+    if not (folder / ADAPTER).is_file() or (folder / "config.json").is_file():
+        return None
+    try:
+        base = json.loads((folder / ADAPTER).read_text()).get("base_model_name_or_path")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{folder / ADAPTER} is not readable JSON ({e})") from None
+    if not base:
+        merged = f"; {folder / 'merged'} is the merged model" if (folder / "merged" / "config.json").is_file() else ""
+        raise ValueError(f"{name_or_path} holds LoRA adapters that do not name their base model ({ADAPTER}: "
+                         f"base_model_name_or_path){merged}")
+    return base
+
+
 def load_config(name_or_path: str):
-    """``(config, tokenizer, family)`` without the weights: every setting can be checked before they load."""
+    """``(config, tokenizer, family)`` without the weights: every setting can be checked before they load. A LoRA
+    adapter folder is the model of its base with the adapters merged in: its base's config, its own tokenizer."""
+    base = adapter_base(name_or_path)
+    if base is not None:
+        config, tokenizer, _ = load_config(base)
+        if (Path(os.path.expanduser(name_or_path)) / "tokenizer_config.json").is_file():
+            tokenizer = load_tokenizer(name_or_path)
+        return config, tokenizer, Family.from_pretrained(config, tokenizer)
     if name_or_path.startswith("tiny:"):
         family, overrides = _tiny_name(name_or_path)
         config, tokenizer = tiny_parts(family, **overrides)
@@ -101,8 +129,10 @@ def load_config(name_or_path: str):
 
 
 def looks_local(name: str) -> bool:
-    """A path rather than a hub name: absolute, home- or dot-relative, or with more than one ``/``."""
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.path.exists(name)
+    """A path rather than a hub name: absolute, home- or dot-relative, with more than one ``/``, or ``a/b`` where
+    folder ``a`` exists here (``outputs/my-sft`` after a run into ``outputs``; a hub name is ``org/name``)."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.path.exists(name) or \
+        ("/" in name and os.path.isdir(name.split("/")[0]))
 
 
 def check_attention(name: str, training: bool) -> None:
@@ -122,7 +152,12 @@ def check_attention(name: str, training: bool) -> None:
 def load_weights(name_or_path: str, config, dtype: str | torch.dtype = "auto", attn_implementation: str = "sdpa",
                  **kwargs):
     """The model of ``name_or_path`` on the ``config`` of ``load_config``: the checkpoint's weights, or the random
-    tiny model of a ``tiny:`` name."""
+    tiny model of a ``tiny:`` name; for a LoRA adapter folder, its base's weights with the adapters merged in."""
+    base = adapter_base(name_or_path)
+    if base is not None:
+        from peft import PeftModel  # here: peft takes seconds to import
+        model = load_weights(base, config, dtype, attn_implementation, **kwargs)
+        return PeftModel.from_pretrained(model, os.path.expanduser(name_or_path)).merge_and_unload()
     if name_or_path.startswith("tiny:"):
         model = tiny_model(config)
         model.set_attn_implementation(attn_implementation)
