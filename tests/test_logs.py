@@ -97,10 +97,28 @@ def test_compact_console_is_one_line_per_step(data, tmp_path, capsys):  # noqa: 
     train, rest = lines[:2], lines[2:]
     for n, line in enumerate(train, 1):
         assert re.fullmatch(rf"step {n}/2  loss \S+  reward \S+  acc \S+  kl \S+  gnorm \S+  lr \S+  "
-                            r"\S+ s/step  \d+ tok/s", line), line
+                            r"\S+ s/step  rollout \S+ s  \d+ tok/s(  flat \d+%)?", line), line
     assert len(rest) == 2 and re.fullmatch(r"step 2/2  eval  reward \S+  acc \S+  \(\S+ s\)", rest[0]), rest
     assert rest[1].startswith("step 2/2  done in ")
     assert all(len(line) < 160 for line in lines)
+
+
+def test_a_rollout_shows_progress_and_tied_groups_are_named(data, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """A rollout prints a line every few seconds (here 0.01 s) with its forwards so far; a step whose groups all tie
+    (every reward 0) shows "flat 100%" and warns once, naming what to change."""
+    from dare.trainers.logs import RolloutProgress
+    monkeypatch.setattr(RolloutProgress, "every", 0.01)
+    train_rl.main(rl_args(data, tmp_path, max_steps=2, rewards=["test_length:0"], data__eval_path=None,
+                          rollout__gen_length=16))
+    captured = capsys.readouterr()
+    progress = re.findall(r"^rollout (\d) \(8 completions\): decoding, \d+ s, (\d+) forwards$", captured.out, re.M)
+    assert {n for n, _ in progress} == {"1", "2"} and int(progress[-1][1]) > 0, captured.out
+    steps = [line for line in captured.out.splitlines() if line.startswith("step ")]
+    assert all(line.endswith("flat 100%") for line in steps[:2]), steps
+    assert captured.err.count("of the rollout's groups have every completion scored alike") == 1, captured.err
+    monkeypatch.setattr(RolloutProgress, "every", 60.0)  # a rollout quicker than that prints nothing
+    train_rl.main(rl_args(data, tmp_path / "quick", max_steps=1, save_steps=1, data__eval_path=None))
+    assert "decoding" not in capsys.readouterr().out
 
 
 def test_full_console_keeps_the_dict(data, tmp_path, capsys):  # noqa: F811

@@ -22,6 +22,7 @@ dict. TensorBoard, wandb and ``log_history`` always get every metric.
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -124,9 +125,49 @@ def compact_line(logs: dict, state, seconds_per_step: float | None) -> str:
     parts = [step, *fields(TRAIN_FIELDS)]
     if seconds_per_step is not None:
         parts.append(f"{seconds_per_step:.2f} s/step")
+    if isinstance(logs.get("time/rollout"), (int, float)):
+        parts.append(f"rollout {logs['time/rollout']:.2f} s")
     if isinstance(logs.get("rollout/tokens_per_s"), (int, float)):
         parts.append(f"{logs['rollout/tokens_per_s']:.0f} tok/s")
+    if logs.get("rollout/flat_groups"):
+        parts.append(f"flat {logs['rollout/flat_groups']:.0%}")
     return "  ".join(parts)
+
+
+class RolloutProgress:
+    """A console line every ``every`` seconds while a rollout decodes (the first after ``every``: a quick rollout
+    prints nothing): its label, the seconds so far and the policy's forwards so far (DARE's samplers on ``policy``;
+    an engine server's decoding shows the time only), so a long first rollout is never silent."""
+
+    every = 5.0
+
+    def __init__(self, label: str, policy, show: bool):
+        self.label, self.policy, self.show, self.forwards = label, policy, show, 0
+
+    def __enter__(self):
+        if self.show:
+            self.hook = self.policy.register_forward_hook(self._count)
+            self.done = threading.Event()
+            self.thread = threading.Thread(target=self._report, daemon=True)
+            self.thread.start()
+        return self
+
+    def _count(self, *_):
+        self.forwards += 1
+
+    def _report(self):
+        from tqdm.auto import tqdm
+
+        start = time.perf_counter()
+        while not self.done.wait(self.every):
+            forwards = f", {self.forwards} forwards" if self.forwards else ""
+            tqdm.write(f"{self.label}: decoding, {time.perf_counter() - start:.0f} s{forwards}")
+
+    def __exit__(self, *exc):
+        if self.show:
+            self.done.set()
+            self.thread.join()
+            self.hook.remove()
 
 
 class _Compact:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections import defaultdict
@@ -33,7 +34,7 @@ from ..engines.base import Rollout, decode_completions
 from ..rewards.base import RewardResult
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
-from .logs import TrainerLogs
+from .logs import RolloutProgress, TrainerLogs
 from .reference import frozen_copy, reference
 from .rollout_modes import get_rollout_mode
 from .validation import eval_policy, generation_metrics
@@ -175,9 +176,12 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
             while True:
                 expanded = [r for r in batch_rows for _ in range(G)]
                 score = self._scorer(expanded, G)
-                rollout = algo.rollout(engine, [r["prompt"] for r in batch_rows], G, self.sampling,
-                                       self._seed("rollout", index, *([rounds] if rounds else [])), rows=batch_rows,
-                                       score=score)
+                label = f"rollout {index + 1}" + (f" round {rounds + 1}" if rounds else "") + \
+                    f" ({len(expanded)} completions)"
+                with RolloutProgress(label, policy, self.is_world_process_zero()):
+                    rollout = algo.rollout(engine, [r["prompt"] for r in batch_rows], G, self.sampling,
+                                           self._seed("rollout", index, *([rounds] if rounds else [])),
+                                           rows=batch_rows, score=score)
                 scored = time.perf_counter()
                 results = self._truncated_wrong(rollout, score(rollout.texts, range(len(expanded))))
                 reward_s += time.perf_counter() - scored
@@ -364,6 +368,10 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
             self._add_samples(f"reward/{source}", scores[pick])
             self._add_samples(f"acc/{source}", torch.tensor([results[i].acc for i in pick]))
         self._add_samples("completion_length", lengths)
+        if len(scores) % self.num_generations == 0:  # groups whose rewards all tie: no group advantage
+            spread = scores.view(-1, self.num_generations)
+            flat = (spread.max(-1).values == spread.min(-1).values).double()
+            self._add("rollout/flat_groups", float(flat.sum()), flat.numel())
         stopped = torch.isin(rollout.completion_ids, torch.tensor(self.family.stop_ids, device=lengths.device))
         self._add_samples("completion_unfinished", (~stopped.any(-1)).float())
         for name, seconds in (("time/rollout", rollout_s), ("time/reward", reward_s), ("time/old_ref_logp", score_s)):
@@ -394,7 +402,23 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                     logs[name] = round(mean, 6)
                     if square:
                         logs[f"{name}_std"] = round(max(square / count - mean * mean, 0.0) ** 0.5, 6)
+            self._warn_flat(logs.get("rollout/flat_groups"))
         super().log(logs, start_time)
+
+    FLAT_WARNING = 0.5  # the share of tied groups that earns a warning (once per run)
+    _warned_flat = False
+
+    def _warn_flat(self, share: float | None) -> None:
+        """Say once when most groups tie: their advantages are 0, so most of the batch teaches nothing."""
+        if share is None or share < self.FLAT_WARNING or self._warned_flat or not self.is_world_process_zero():
+            return
+        from tqdm.auto import tqdm
+
+        self._warned_flat = True
+        tqdm.write(f"warning: step {self.state.global_step}: {share:.0%} of the rollout's groups have every "
+                   "completion scored alike (no group advantage: they teach nothing; logged as rollout/flat_groups). "
+                   "A start that solves or fails every prompt: more SFT, a denser reward, a higher temperature or "
+                   "more --num-generations", file=sys.stderr)
 
     def train(self, *args, **kwargs):
         try:
