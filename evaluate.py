@@ -150,7 +150,7 @@ def main(args: Args):
         print(report.compare(args.compare, args.plot))
         return
     if not args.model:
-        raise SystemExit("--model is required (a hub name, a local folder or tiny:<family>)")
+        raise ValueError("--model is required (a hub name, a local folder or tiny:<family>)")
     kind = get_engine(args.engine)
     protocol = get_protocol(args.protocol)
     if args.bench:

@@ -1,6 +1,7 @@
 """Plug-ins registered by name (algorithms, engines): ``@REGISTRY.register("name")`` on the class, and lookup that
 first imports every module of the plug-ins' package, so a new plug-in is one new file there and no edit elsewhere."""
 
+import difflib
 import importlib
 import pkgutil
 
@@ -29,6 +30,9 @@ class Registry(dict):
         return sorted(self)
 
     def lookup(self, name: str):
-        if name not in self.known():
-            raise ValueError(f"Unknown {self.kind} {name!r}; registered: {', '.join(self.known())}")
+        known = self.known()
+        if name not in known:
+            close = difflib.get_close_matches(name.replace("_", "-").lower(), known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"Unknown {self.kind} {name!r}{hint}; registered: {', '.join(known)}")
         return self[name]

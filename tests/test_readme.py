@@ -143,12 +143,13 @@ def test_layout_names_every_module():
 
 @pytest.mark.parametrize("script", ["train_rl.py", "train_sft.py"])
 def test_local_copy_commands_run_as_written(script, tmp_path):
-    """The README's offline line (the recipe + --data.local-dir) runs as written, with the 8B model swapped for a
-    tiny one of its family and one short step appended."""
+    """The README's offline line (the recipe + --data-dir, evaluate.py's name and the training scripts' alias of
+    --data.local-dir) runs as written, with the 8B model swapped for a tiny one of its family and one short step
+    appended."""
     import shlex
     if not (ROOT.parent / "shared" / "data").is_dir():
         pytest.skip("../shared is absent")
-    line = next(ln for ln in README.splitlines() if ln.startswith(f"python {script} ") and "--data.local-dir" in ln)
+    line = next(ln for ln in README.splitlines() if ln.startswith(f"python {script} ") and "--data-dir" in ln)
     argv = shlex.split(line.split("#")[0])[1:]
     short = {"train_rl.py": ["--prompts-per-step", "2", "--num-generations", "2", "--micro-batch-size", "2",
                              "--rollout.gen-length", "8", "--rollout.block-length", "8", "--rollout.steps", "8",
@@ -176,3 +177,14 @@ def test_reproduction_table_is_generated_and_measures_nothing_by_hand():
         files = re.findall(r"python ([\w/]+\.py)", row.command) + re.findall(r"--config (\S+)", row.command)
         for script in files + re.findall(r"^opencompass (\S+)", row.command):
             assert (ROOT / script).exists(), script
+
+
+def test_the_readme_sections_the_code_points_to_exist():
+    """Help texts and comments point users to README sections (the resume flags pointed to a "Resume" section that
+    did not exist): each named section is a heading or a bold paragraph title of the README."""
+    titles = set(re.findall(r"^#+ (.+)$", README, re.M)) | set(re.findall(r"^\*\*(.+?)\.?\*\*", README, re.M))
+    refs = {(path.name, ref) for path in ROOT.rglob("*.py") if ".git" not in path.parts
+            for ref in re.findall(r'README[ ,]*"([^"]+)"', path.read_text())}
+    assert refs, "the pattern finds the references"
+    missing = sorted((name, ref) for name, ref in refs if not any(t.startswith(ref) for t in titles))
+    assert not missing, missing

@@ -54,7 +54,7 @@ def test_sft_recipe_parses(path):
 def test_rl_recipe_parses(path):
     assert path.read_text().startswith("# accelerate launch "), "first line: the launch command"
     algo = peek("algo", ["--config", str(path)])
-    assert algo and path.stem.startswith(algo.replace("-", "_")), f"{path.name}: file name should start with {algo}"
+    assert algo and path.stem.startswith(algo), f"{path.name}: file name should start with {algo}"
     args = parse(train_rl.args_class(algo), ["--config", str(path)])
     family = path.parent.name
     assert FAMILY_MARKERS[family] in args.model, f"{args.model} is not a {family} model"
@@ -103,7 +103,7 @@ def test_eval_recipe_parses(path):
 def test_paper_profiles_inherit_their_base_recipe():
     """``base:`` merges section by section: the paper profile changes its knobs and keeps the rest of DARE's recipe."""
     from dare.config import load_recipe
-    for name in ("d1", "coupled_grpo", "cj_grpo"):
+    for name in ("d1", "coupled-grpo", "cj-grpo"):
         paper, base = (load_recipe(ROOT / "recipes" / "llada" / f"{name}_math{s}.yaml") for s in ("_paper", ""))
         assert "base" not in paper and paper["algo"] == base["algo"] and paper["data"] == base["data"]
         assert paper["algo_config"]["eps_high"] == 0.5 != base["algo_config"]["eps_high"]

@@ -1,6 +1,9 @@
 """Rows from a local parquet / jsonl / json file (or a folder of them), a hub dataset name, or a generated task."""
 
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from .. import hub
 from .public import PUBLIC
@@ -8,6 +11,9 @@ from .tasks import make_task
 
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 
+
+# the type of a data section's local_dir: its flag --data.local-dir is also --data-dir, evaluate.py's name for it
+LocalDir = Annotated[str | None, tyro.conf.arg(aliases=("--data-dir",))]
 
 TASK_ROWS = {"train": 10_000, "test": 500}  # rows drawn from a generated task per split
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
-from .loading import get_field, load_rows
+from .loading import LocalDir, get_field, load_rows
 from .sft import as_messages
 
 
@@ -18,7 +18,7 @@ from .sft import as_messages
 class RLDataConfig:
     path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME; a,b = both
     # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/rl
-    local_dir: str | None = None
+    local_dir: LocalDir = None
     split: str = "train"  # hub datasets only
     eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
     eval_split: str = "test"  # split of a hub eval dataset

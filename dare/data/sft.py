@@ -25,14 +25,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .loading import get_field
+from .loading import LocalDir, get_field
 
 
 @dataclass
 class SFTDataConfig:
     path: str = "openai/gsm8k:main"  # parquet/jsonl/json file or folder, hub name, or task:NAME
     # read the public datasets (dare/data/public.py) from their local copies here, e.g. ../shared/data/sft
-    local_dir: str | None = None
+    local_dir: LocalDir = None
     split: str = "train"  # hub datasets only
     # column holding the prompt (text or a list of chat messages; a.b = nested); None: found from the columns (the
     # formats of sft_format: TRL's prompt/completion and messages, DARE's task and reference schemas)

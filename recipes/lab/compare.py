@@ -101,7 +101,7 @@ def profile(spec: str, family: str | None = None) -> dict:
             entry = LAB_PROFILES[name]
             found = {k: v for k, v in entry.items() if k != "families"} | entry.get("families", {}).get(family, {})
         elif variant == "paper":
-            path = ROOT / "recipes" / "llada" / f"{name.replace('-', '_')}_math_paper.yaml"
+            path = ROOT / "recipes" / "llada" / f"{name}_math_paper.yaml"
             if not path.exists():
                 raise SystemExit(f"no paper profile for {name}: {path} does not exist")
             values = yaml.safe_load(path.read_text())
