@@ -242,3 +242,20 @@ def test_an_unknown_sft_format_names_its_columns(jsonl, tmp_path):
     path.write_text(json.dumps({"messages": CHAT[2:]}) + "\n")
     with pytest.raises(ValueError, match="opens with an assistant turn"):
         tokenize_dataset(load_rows(str(path)), tok, fam, SFTDataConfig())
+
+
+@pytest.mark.parametrize("column", ["reward_model", "ground_truth", "answer", "solution"])
+def test_rl_prompts_take_trls_columns_with_no_key_flags(column, tmp_path):
+    """TRL's prompt-only rows (a prompt, text or messages, and a column the reward reads) need no flag: the ground
+    truth is the first of DARE's reference column and TRL's usual ones; a file without ``data_source`` is source
+    "default"; a file with none of them names its columns."""
+    from dare.data import RLDataConfig, prompt_rows
+    truth = {"ground_truth": "4"} if column == "reward_model" else "4"
+    path = tmp_path / "rl.jsonl"
+    path.write_text(json.dumps({"prompt": CHAT[3:4] if column == "answer" else "2+2?", column: truth}) + "\n")
+    (row,) = prompt_rows(str(path), "train", RLDataConfig(answer_instruction="none"))
+    assert row["ground_truth"] == "4" and row["data_source"] == "default"
+    assert row["prompt"] == [{"role": "user", "content": "2+2?"}]
+    path.write_text(json.dumps({"prompt": "2+2?", "final": "4"}) + "\n")
+    with pytest.raises(ValueError, match=r"rl.jsonl: no ground-truth column among \['final', 'prompt'\]"):
+        prompt_rows(str(path), "train", RLDataConfig())

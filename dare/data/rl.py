@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
 from .loading import LocalDir, get_field, load_rows
-from .sft import as_messages
+from .sft import as_messages, has_field
 
 
 @dataclass
@@ -23,8 +23,12 @@ class RLDataConfig:
     eval_path: str | None = None  # held-out prompts for periodic validation (None: no validation); a,b = both
     eval_split: str = "test"  # split of a hub eval dataset
     prompt_key: str = "prompt"  # text or a list of chat messages; a.b = nested
-    answer_key: str = "reward_model.ground_truth"  # column holding the ground truth the reward compares with
-    source_key: str = "data_source"  # "" = every row is source "default"
+    # column holding the ground truth the reward compares with; None: the first of ANSWER_KEYS a file has (DARE's
+    # reference schema, then TRL's usual columns)
+    answer_key: str | None = None
+    # column naming each row's source (its default reward); "": every row is source "default"; a file without the
+    # column is source "default" too
+    source_key: str = "data_source"
     extra_key: str = "extra_info"  # optional dict handed to the reward (numbers, puzzle, tests...)
     system_prompt: str | None = None  # prepended as a system message to plain-text prompts
     max_prompt_length: int = 512  # prompts longer than this (tokens, chat template applied) are dropped
@@ -44,20 +48,40 @@ def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None =
     return out[:limit] if limit else out
 
 
+ANSWER_KEYS = ("reward_model.ground_truth", "ground_truth", "answer", "solution")
+
+
+def answer_key(row: dict, config: RLDataConfig) -> str:
+    """The ground-truth column: ``config.answer_key``, or the first of ``ANSWER_KEYS`` the row has."""
+    if config.answer_key:
+        return config.answer_key
+    found = next((key for key in ANSWER_KEYS if has_field(row, key)), None)
+    if found is None:
+        raise ValueError(f"no ground-truth column among {sorted(row)}: the reward needs one of {list(ANSWER_KEYS)}, "
+                         "or name yours with --data.answer-key")
+    return found
+
+
 def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
     out, dropped = [], defaultdict(list)
-    for i, row in enumerate(load_rows(path, split, config.local_dir)):
+    rows = load_rows(path, split, config.local_dir)
+    try:
+        answer = answer_key(rows[0], config)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    sourced = bool(config.source_key) and has_field(rows[0], config.source_key)
+    for i, row in enumerate(rows):
         try:
-            truth = get_field(row, config.answer_key)
+            truth = get_field(row, answer)
             prompt = as_messages(get_field(row, config.prompt_key), config.system_prompt)
-            source = str(get_field(row, config.source_key)) if config.source_key else "default"
+            source = str(get_field(row, config.source_key)) if sourced else "default"
         except (KeyError, ValueError) as e:
             raise ValueError(f"{path}, row {i}: {e}") from None
         extra = (row.get(config.extra_key) if config.extra_key else None) or {}
         why = unscorable(truth, source, {**extra, "prompt": prompt})
         if why:
             if config.strict:
-                raise ValueError(f"{path}, row {i}: {why} (column {config.answer_key!r}); the reward cannot score "
+                raise ValueError(f"{path}, row {i}: {why} (column {answer!r}); the reward cannot score "
                                  "it (without data.strict such rows are dropped)")
             dropped[why].append(i)
             continue
