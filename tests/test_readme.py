@@ -188,3 +188,26 @@ def test_the_readme_sections_the_code_points_to_exist():
     assert refs, "the pattern finds the references"
     missing = sorted((name, ref) for name, ref in refs if not any(t.startswith(ref) for t in titles))
     assert not missing, missing
+
+
+def test_every_algorithm_has_a_card_whose_command_runs(tmp_path):
+    """``python -m dare.algos`` says what each algorithm is (its paper, kind and recipe with its rate) and
+    ``python -m dare.algos NAME`` prints one card, whose tiny command runs as written."""
+    import shlex
+
+    from dare.algos import known
+    from dare.algos.catalogue import card, catalogue
+    rows = catalogue().splitlines()[2:]
+    assert [r.split(" | ")[0][2:] for r in rows] == known()
+    assert all(re.search(r"\| arXiv \d{4}\.\d{4,5} \| (online RL|offline pairs) \| `recipes/", r) for r in rows), rows
+    d1 = card("d1")
+    assert "p_prompt = 0.15" in d1 and "advantage = 'drgrpo'  (GRPO: 'grpo')" in d1
+    assert "recipes/llada/d1_math.yaml (5e-07)" in d1
+    assert "not on diffusion_gemma: its noise is uniform" in card("vrpo")
+    command = next(line.strip() for line in d1.splitlines() if line.strip().startswith("python train_rl.py"))
+    argv = shlex.split(command)
+    argv[argv.index("--output-dir") + 1] = str(tmp_path / "out")
+    res = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0 and (tmp_path / "out" / "model.safetensors").exists(), res.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "dare.algos", "cj_grpo"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1 and "did you mean 'cj-grpo'?" in out.stderr

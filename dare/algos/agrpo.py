@@ -60,7 +60,7 @@ def content_steps(steps: torch.Tensor, ids: torch.Tensor, blocks: torch.Tensor, 
 @register("agrpo")
 @dataclass
 class AGRPO(StepGroups):
-    """AGRPO: K uniformly drawn decoding steps per row, each scored exactly from its recorded canvas."""
+    """AGRPO: K decoding steps per row, drawn by the entropy they committed, each scored exactly from its canvas."""
 
     needs_steps: ClassVar[str] = "it replays sampled decoding steps"
 
