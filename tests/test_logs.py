@@ -121,6 +121,20 @@ def test_a_rollout_shows_progress_and_tied_groups_are_named(data, tmp_path, caps
     assert "decoding" not in capsys.readouterr().out
 
 
+def test_the_end_of_a_run_says_what_it_produced(data, tmp_path, capsys):  # noqa: F811
+    """The last lines name the model, the last training and validation numbers, the logs and the curves (a PNG of
+    loss, reward and accuracy beside the logs); the whole log is written beside the model."""
+    train_rl.main(rl_args(data, tmp_path, max_steps=2, eval_steps=2))
+    out = capsys.readouterr().out
+    assert f"done: the model is in {tmp_path}\n" in out
+    assert re.search(r"^  last training step \(step 2\): loss \S+  reward \S+  acc \S+$", out, re.M), out
+    assert re.search(r"^  last validation \(step 2\): reward \S+  acc \S+$", out, re.M), out
+    assert f"  curves: {tmp_path / 'curves.png'}" in out and f"{tmp_path / 'completions.jsonl'}" in out
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2]
+
+
 def test_full_console_keeps_the_dict(data, tmp_path, capsys):  # noqa: F811
     train_rl.main(rl_args(data, tmp_path, max_steps=2, console="full", data__eval_path=None))
     assert capsys.readouterr().out.count("{'loss'") == 2

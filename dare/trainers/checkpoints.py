@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..lora import export_merged
+from .logs import plot_curves, run_summary
 
 COMPLETE = "COMPLETE"
 SETTINGS = "dare_settings.json"
@@ -159,8 +160,8 @@ def check_files(checkpoint: str) -> None:
 
 # what a run writes into its output_dir: a fresh run refuses a folder holding them (another run's), and
 # --overwrite-output-dir deletes them first; any other file of the folder is left alone
-RUN_FILES = ("checkpoint-*", "runs", "merged", "completions.jsonl", "*.safetensors", "*.safetensors.index.json",
-             SETTINGS)
+RUN_FILES = ("checkpoint-*", "runs", "merged", "completions.jsonl", "trainer_state.json", "curves.png", "*.safetensors",
+             "*.safetensors.index.json", SETTINGS)
 
 
 def start_or_resume(args) -> str | None:
@@ -260,4 +261,9 @@ def fit(trainer, checkpoint: str | None = None, merged_dir: str | None = None, s
         export_merged(trainer, trainer.processing_class, merged_dir)
         if trainer.args.should_save:
             share_like_umask(merged_dir)
+    if trainer.is_world_process_zero():  # the whole log beside the model, its curves, and what the run produced
+        trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
+        history = trainer.state.log_history
+        curves = plot_curves(history, os.path.join(output_dir, "curves.png"))
+        print(run_summary(output_dir, history, merged_dir, curves), flush=True)
     return trainer

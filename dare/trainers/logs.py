@@ -245,3 +245,58 @@ class TrainerLogs:
                 callbacks[i] = CompactPrinter()
         if self.jsonl_logs:
             self.add_callback(_TrimOnTrainBegin(self.jsonl_logs))
+
+
+CURVES = (("loss", "eval_loss", "loss"), ("reward", "eval_reward", "reward"), ("acc", "eval_acc", "accuracy"))
+
+
+def plot_curves(history: list[dict], path: str | Path) -> bool:
+    """The run's loss, reward and accuracy per step (training and validation, where logged) as a PNG; False when
+    nothing was logged to draw."""
+    panels = [(train, held, label) for train, held, label in CURVES
+              if any(train in h or held in h for h in history)]
+    if not panels:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for ax, (train, held, label) in zip(axes[0], panels, strict=True):
+        for key, name, style in ((train, "training", {"lw": 1}), (held, "validation", {"marker": "o"})):
+            points = [(h["step"], h[key]) for h in history if isinstance(h.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points, strict=True), label=name, **style)
+        ax.set_xlabel("optimiser step")
+        ax.set_ylabel(label)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def run_summary(output_dir: str, history: list[dict], merged_dir: str | None, curves: bool) -> str:
+    """What a finished run produced: where its model, logs and curves are, and its last logged numbers."""
+    out = Path(output_dir)
+    adapters = (out / "adapter_config.json").exists()
+    lines = [f"done: the model is in {out}" + (" (LoRA adapters; a folder every DARE script takes as a model)"
+                                              if adapters else "")]
+    if merged_dir:
+        lines.append(f"  merged model (plain Hugging Face folder): {merged_dir}")
+    for prefix, name in (("", "last training step"), ("eval_", "last validation")):
+        numbers = next((h for h in reversed(history) if any(f"{prefix}{k}" in h for k, _, _ in TRAIN_FIELDS[:3])),
+                       None)
+        if numbers:
+            shown = "  ".join(f"{label} {numbers[prefix + key]:{fmt}}" for key, label, fmt in TRAIN_FIELDS[:3]
+                              if isinstance(numbers.get(prefix + key), (int, float)))
+            lines.append(f"  {name} (step {numbers.get('step', '?')}): {shown}")
+    logs = [f"{out / 'trainer_state.json'} (every logged metric)"]
+    if (out / "runs").is_dir():
+        logs.append(f"{out / 'runs'} (TensorBoard)")
+    if (out / "completions.jsonl").exists():
+        logs.append(f"{out / 'completions.jsonl'} (sample completions)")
+    lines.append("  logs: " + ", ".join(logs))
+    if curves:
+        lines.append(f"  curves: {out / 'curves.png'}")
+    return "\n".join(lines)
