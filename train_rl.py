@@ -25,7 +25,7 @@ from typing import Literal
 
 # Only what the flags need is imported here, so that --help answers at once; what runs (transformers, peft,
 # datasets, the trainers) is imported inside the functions below.
-from dare.algos import get_algorithm
+from dare.algos import get_algorithm, known
 from dare.config import parse, peek, run
 from dare.data import RLDataConfig
 from dare.data.preference import PreferenceDataConfig
@@ -105,7 +105,9 @@ def args_class(algo: str):
     algorithm = get_algorithm(algo)
     preference = algorithm.trainer == "preference"
     extra = [("preference", PreferenceDataConfig, field(default_factory=PreferenceDataConfig))] if preference else []
-    cls = dataclasses.make_dataclass("Args", [("algo_config", algorithm, field(default_factory=algorithm)), *extra],
+    names = Literal[tuple(known())]  # --help lists every registered algorithm
+    cls = dataclasses.make_dataclass("Args", [("algo", names, field(default=algorithm.name)),
+                                              ("algo_config", algorithm, field(default_factory=algorithm)), *extra],
                                      bases=(with_engine_options(Args),))
     what = "Offline preference optimisation" if preference else "Online RL"
     cls.__doc__ = f"{what} of a diffusion LM with {algo}: {algorithm.__doc__}"
