@@ -190,3 +190,56 @@ def test_every_shared_data_file_loads_through_the_recipes_loaders():
         rows = load_rows(str(p))
         config = SFTDataConfig(path=str(p), max_length=8192)  # the tiny tokenizer splits finer than the real ones
         assert len(tokenize_dataset(rows, tokenizer, family, config)) == len(rows) > 1000
+
+
+# The authors' released configurations (file and commit in each recipe's header), as DARE's keys: a :paper recipe
+# that drifts from them fails here.
+AUTHORS = {
+    "llada/tracerl_math_paper.yaml": {  # Gen-Verse/dLLM-RL 10b4fd1 configs/rl_llada.yaml (one GPU)
+        "algo_config.shrink": 8, "algo_config.eps_low": 0.2, "algo_config.eps_high": 0.2,
+        "algo_config.dual_clip": None, "algo_config.beta": 0.01, "algo_config.kl": "k3",
+        "algo_config.kl_to": "rollout", "algo_config.dynamic_sampling.mode": "drop",
+        "algo_config.dynamic_sampling.keep": "accuracy", "algo_config.dynamic_sampling.low": 0.2,
+        "algo_config.dynamic_sampling.high": 0.8, "algo_config.mini_batches": 64, "truncated_is_wrong": True,
+        "prompts_per_step": 32, "num_generations": 8, "micro_batch_size": 2, "rollout.temperature": 0.8,
+        "rollout.gen_length": 512, "rollout.steps": 512, "rollout.block_length": 32, "learning_rate": 1e-6,
+        "weight_decay": 0.0, "adam_beta2": 0.999, "max_grad_norm": 1.0, "max_steps": 3200},
+    "sdar/tracerl_math_paper.yaml": {  # the same commit, configs/rl_sdar.yaml (8 GPUs)
+        "algo_config.shrink": 1, "algo_config.dual_clip": None, "algo_config.beta": 0.01,
+        "algo_config.kl_to": "rollout",
+        "algo_config.dynamic_sampling.mode": "drop", "algo_config.mini_batches": 4, "truncated_is_wrong": True,
+        "prompts_per_step": 64, "num_generations": 16, "micro_batch_size": 1, "rollout.temperature": 1.0,
+        "rollout.gen_length": 2000, "rollout.threshold": 0.9, "rollout.top_k": None, "learning_rate": 1e-6,
+        "max_grad_norm": 1.0, "max_steps": 320},
+    "sdar/dipo_math_paper.yaml": {  # OpenMOSS/DiRL ec4bfb3 examples/example-dapo.sh, scripts/dapo.sh, configs/rl.yaml
+        "algo_config.eps_low": 0.2, "algo_config.eps_high": 0.28, "algo_config.dual_clip": None,
+        "algo_config.beta": 0.0, "algo_config.dynamic_sampling.mode": "resample",
+        "algo_config.dynamic_sampling.keep": "mixed", "algo_config.dynamic_sampling.extra": 2.0,
+        "truncated_is_wrong": True, "prompts_per_step": 128, "num_generations": 8, "rollout.temperature": 1.0,
+        "rollout.top_k": 50, "rollout.threshold": 0.9, "learning_rate": 1e-6, "warmup_steps": 10,
+        "weight_decay": 0.0, "max_grad_norm": 1.0},
+    "llada/igpo_math_paper.yaml": {  # facebookresearch/igpo e85eaea run_igpo.sh over train.yaml
+        "algo_config.num_iterations": 4, "algo_config.eps_low": 0.2, "algo_config.eps_high": 0.2,
+        "algo_config.dual_clip": None, "algo_config.ratio_level": "sequence", "algo_config.p_prompt": 0.0,
+        "algo_config.beta": 0.01, "algo_config.kl": "k3", "algo_config.chunk_min": 5, "algo_config.chunk_max": 10,
+        "algo_config.hint_low": 0.2, "algo_config.hint_high": 0.6, "algo_config.replace_fraction": 0.5,
+        "prompts_per_step": 64, "num_generations": 8, "rollout.gen_length": 256, "rollout.block_length": 32,
+        "rollout.steps": 128, "rollout.temperature": 1.2, "lora.rank": 128, "lora.alpha": 64, "lora.dropout": 0.05,
+        "learning_rate": 5e-7, "warmup_steps": 50, "weight_decay": 0.1, "adam_beta2": 0.99, "max_grad_norm": 0.2,
+        "seed": 3},
+}
+
+
+@pytest.mark.parametrize("recipe", list(AUTHORS))
+def test_paper_profiles_equal_the_authors_released_configuration(recipe):
+    """Each value the authors' files set, as the profile parses it (train_rl.py's types, the base recipe merged)."""
+    from dare.config import parse, peek
+    path = ROOT / "recipes" / recipe
+    args = parse(train_rl.args_class(peek("algo", ["--config", str(path)])), ["--config", str(path)])
+    got = {}
+    for key in AUTHORS[recipe]:
+        value = args
+        for part in key.split("."):
+            value = getattr(value, part)
+        got[key] = value
+    assert got == AUTHORS[recipe]
