@@ -8,13 +8,17 @@ at their own positions; the last ``free_tail`` positions stay free for the answe
 x G)`` of the hinted completions that succeed replace original completions of the group, and the group's advantages
 are then computed over the mixed group (``r - mean``), which now has a spread. The hint tokens are not the policy's
 own choices: the record (``Rollout.given``) keeps them, and the loss leaves them out. The likelihood is d1's one-step
-mean-field estimate.
+mean-field estimate; the ratio is the authors' sequence-level one (GSPO's, their ``use_gspo=true``: ``ratio_level``,
+``token`` for GRPO's per-token ratio). The defaults are DARE's shared ones (beta 0, dual clip 3.0, one iteration);
+the authors' run (k3 KL 0.01 to the reference, no dual clip, 4 iterations, their optimiser) is
+``recipes/llada/igpo_math_paper.yaml``.
 
 Where DARE differs from the authors' code: every hint token is left out of the loss (the code trains on the 20 % of
 each row's hint tokens with the highest old-policy entropy); hints are placed at their own positions (the code
 stretches a short reference over the canvas by up to 1.5x); the last chunk is not always shown (the code always shows
 it, which for a reference ending in ``\\boxed{}`` shows the answer); the triggering and replacement are per group of
-the whole rollout (the code's per device batch is one group). Masked families only: a block family decodes blocks
+the whole rollout (the code's per device batch is one group); the reference model is never synced to the policy
+(the code's TRL ``ref_model_sync_steps: 64``). Masked families only: a block family decodes blocks
 left to right, so a block never sees the hints placed in later blocks.
 """
 
