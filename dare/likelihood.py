@@ -313,6 +313,25 @@ class MCElbo:
 
 
 @dataclass
+class AntitheticElbo(MCElbo):
+    """DMPO's masks (its code's ``loss_antithetic`` with ``loss_mask_prob_clamp``): draws come in pairs, a Bernoulli
+    mask at rate ``lambda = 0.1 + 0.9 U`` over the maskable tokens and its complement among them (draw j and draw
+    j + K/2); each draw's value is ``(1/m) sum_masked log p`` (m its masked count, at least 1): ``MCElbo``'s value with
+    ``p = m / L``. ``samples`` must be even."""
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        if self.samples % 2:
+            raise ValueError(f"antithetic masks come in pairs: samples must be even, got {self.samples}")
+        maskable = _maskable(batch)
+        rows, half = len(maskable), self.samples // 2
+        rate = 0.1 + 0.9 * uniform((rows, half, 1), generator, maskable.device)
+        first = (uniform((rows, half, maskable.shape[-1]), generator, maskable.device) < rate) & maskable[:, None]
+        masks = torch.cat([first, ~first & maskable[:, None]], 1)
+        counts = masks.sum(-1).clamp(min=1)
+        return {"masks": masks, "p": counts / maskable.sum(-1).clamp(min=1)[:, None]}
+
+
+@dataclass
 class BlockElbo:
     """EBPO's composite block ELBO: for each of ``samples`` rows, every block of the completion masks >= 1 token at
     a stratified level; the row's value is ``sum log p / p``. Returns ``[N, rows]`` (the composite ELBO is their

@@ -394,28 +394,49 @@ def test_dmpo_mean_baseline_is_zero_at_the_target_and_not_elsewhere():
     assert torch.allclose(dmpo_advantages(rewards, -rewards / alpha, 4, alpha, 0.5, "mean"), at_target, atol=1e-15)
 
 
-def test_dmpo_loss_is_the_weighted_denoising_cross_entropy_free_of_ratios():
+@pytest.mark.parametrize("masks, samples", [("stratified", 3), ("antithetic", 4)])
+def test_dmpo_loss_is_the_weighted_denoising_cross_entropy_free_of_ratios(masks, samples):
     model, fam, batch = setup()
-    algo, config = get_algorithm("dmpo")(samples=3).validate(fam), SamplingConfig()
+    algo, config = get_algorithm("dmpo")(samples=samples, masks=masks).validate(fam), SamplingConfig()
     weight = torch.tensor([1.5, -1.5, 0.5, -0.5], dtype=torch.float64)
     batch.update(weight=weight, rewards=torch.zeros(4), log_ref_ratio=torch.zeros(4))
     batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(0), config)]
     params, normaliser = list(model.parameters()), algo.normaliser(fam, batch, config)
-    assert algo.streams(fam, config) == 3
-    losses = [algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(3)]
+    assert algo.streams(fam, config) == samples
+    losses = [algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(samples)]
     got = torch.autograd.grad(sum(losses), params)
-    masks = batch["noise"][0]["masks"]
+    drawn = batch["noise"][0]["masks"]
     dce = []
-    for j in range(3):  # by hand: the masked tokens' mean cross-entropy of each draw
-        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(masks[:, j], fam.mask_id)], 1)
+    for j in range(samples):  # by hand: the masked tokens' mean cross-entropy of each draw
+        noisy = torch.cat([batch["prompt_ids"], batch["completion_ids"].masked_fill(drawn[:, j], fam.mask_id)], 1)
         logp = torch.log_softmax(fam.logits(model, noisy)[:, -10:].double(), -1)
         logp = logp.gather(-1, batch["completion_ids"][..., None])[..., 0]
-        dce.append(-(logp * masks[:, j]).sum(-1) / masks[:, j].sum(-1))
+        dce.append(-(logp * drawn[:, j]).sum(-1) / drawn[:, j].sum(-1).clamp(min=1))
     expected = (weight * torch.stack(dce, -1).mean(-1)).sum() / 4
     assert torch.allclose(sum(losses), expected, atol=1e-10)
-    batch["old"] = [torch.randn(4, 3, dtype=torch.float64)]  # any rollout-policy score: the loss never reads it
-    again = sum(algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(3))
+    batch["old"] = [torch.randn(4, samples, dtype=torch.float64)]  # any rollout-policy score: never read
+    again = sum(algo.step_loss(model, fam, batch, 0, s, normaliser, config)[0] for s in range(samples))
     assert all(torch.equal(a, b) for a, b in zip(got, torch.autograd.grad(again, params), strict=True))
+
+
+def test_dmpo_antithetic_masks_pair_each_draw_with_its_complement():
+    """The authors' masks: draw j + K/2 is draw j's complement among the maskable tokens (together they mask each
+    once), each at a rate in [0.1, 1]; the padding is never masked; an odd count is refused."""
+    from dare.likelihood import AntitheticElbo
+    _, fam, batch = setup()
+    batch["loss_mask"][0, 7:] = 0  # a row with 3 padding positions
+    noise = AntitheticElbo(6).corrupt(fam, batch, torch.Generator().manual_seed(0))
+    masks, maskable = noise["masks"], batch["loss_mask"].bool()
+    first, second = masks[:, :3], masks[:, 3:]
+    assert torch.equal(first ^ second, maskable[:, None].expand_as(first)) and not (first & second).any()
+    assert not masks[0, :, 7:].any()
+    rates = first.sum(-1) / maskable.sum(-1, keepdim=True)
+    assert 0 < rates.mean() < 1 and torch.equal(noise["p"], masks.sum(-1).clamp(min=1) / maskable.sum(-1)[:, None])
+    many = AntitheticElbo(2000).corrupt(fam, batch, torch.Generator().manual_seed(1))["masks"][:, :1000].float()
+    share = (many * maskable[:, None]).sum() / (maskable.sum() * 1000)
+    assert abs(share.item() - 0.55) < 0.02  # E[lambda] = 0.1 + 0.9 / 2 on the maskable positions
+    with pytest.raises(ValueError, match="come in pairs"):
+        get_algorithm("dmpo")(samples=3).validate(fam)
 
 
 def test_dmpo_tilts_toward_the_reference_across_micro_batches():

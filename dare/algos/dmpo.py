@@ -20,11 +20,13 @@ Properties (tests/test_algos.py): each group's ``a`` sums to 0; a group whose re
 exactly (no gradient); adding a constant to a group's rewards changes nothing; at the target itself
 (``log p_old = log p_ref + r / alpha + const``, c = 1) the mean baseline's ``a`` is exactly 0 (the loss is zero).
 
-Where DARE differs from the authors' code (read at 96af1a4): masks are DARE's stratified mask counts (``MCElbo``:
-1..L tokens per draw, stratified over the draws) instead of ``lambda = 0.1 + 0.9 U`` Bernoulli masks with antithetic
-complements, and the same draws serve the weights and the loss (the code draws K = 4 separate masks for the
-weights); the loss is averaged over prompts (the code sums over the device batch: a scale). The paper and code train
-LLaDA with a LoRA adapter whose base is the reference; DARE's reference is the frozen start (LoRA: the adapter off).
+Masks as the authors' code draws them (read at 96af1a4, ``loss_antithetic`` and ``loss_mask_prob_clamp`` on):
+``masks: antithetic`` pairs a Bernoulli mask at rate ``lambda = 0.1 + 0.9 U`` with its complement, each draw scored
+``(1/m) sum_masked log p`` (``AntitheticElbo``); ``masks: stratified`` takes DARE's stratified mask counts instead
+(``MCElbo``: 1..L tokens per draw, unbiased for the ELBO). Where DARE differs from the authors' code: the same draws
+serve the weights and the loss (the code draws K = 4 separate masks for the weights); the loss is averaged over
+prompts (the code sums over the device batch: a scale). The paper and code train LLaDA with a LoRA adapter
+whose base is the reference; DARE's reference is the frozen start (LoRA: the adapter off).
 DARE's rewards are 0/1 where the code's GSM8K rewards reach about 4, so ``alpha`` defaults to 0.1 (the code: 0.04).
 """
 
@@ -33,12 +35,13 @@ from typing import ClassVar
 
 import torch
 
-from ..likelihood import MCElbo
+from ..likelihood import AntitheticElbo, MCElbo
 from . import register
 from .base import Algorithm, joined, split_into
 
 BASELINES = ("negative", "mean")
 TILTS = ("reference", "policy")
+MASKS = ("antithetic", "stratified")
 
 
 def dmpo_advantages(rewards: torch.Tensor, log_ratio: torch.Tensor, group_size: int, alpha: float, coeff: float,
@@ -61,7 +64,8 @@ class DMPO(Algorithm):
     coeff: float = 1.0  # c = eta alpha / (eta alpha + 1) in (0, 1]: the proximal step (1: the code's default)
     baseline: str = "negative"  # negative: a = w+ - w- (the code's main) | mean: a = w+ - 1/G
     tilt: str = "reference"  # reference: p* ∝ p_ref exp(r/alpha) (paper) | policy: p* ∝ p_old exp(r/alpha)
-    samples: int = 4  # mask draws per completion (the code: 4 replicates), one backward each
+    samples: int = 4  # mask draws per completion (the code: 4 replicates), one backward each; antithetic: even
+    masks: str = "antithetic"  # antithetic: Bernoulli masks and their complements (the code's) | stratified: MCElbo
     num_iterations: int = 1  # the code: 8 optimiser steps per rollout
     loss_mask: str = "all"  # the code masks the whole canvas, EOS padding included
     advantage: str = "dmpo"  # a = w+ - w- (or w+ - 1/G), set after scoring
@@ -73,7 +77,10 @@ class DMPO(Algorithm):
         if self.alpha <= 0 or not 0 < self.coeff <= 1 or self.samples < 1:
             raise ValueError(f"dmpo needs alpha > 0, coeff in (0, 1] and samples >= 1; got {self.alpha}, "
                              f"{self.coeff}, {self.samples}")
-        for knob, value, allowed in (("baseline", self.baseline, BASELINES), ("tilt", self.tilt, TILTS)):
+        if self.masks == "antithetic" and self.samples % 2:
+            raise ValueError(f"dmpo's antithetic masks come in pairs: samples must be even, got {self.samples}")
+        for knob, value, allowed in (("baseline", self.baseline, BASELINES), ("tilt", self.tilt, TILTS),
+                                     ("masks", self.masks, MASKS)):
             if value not in allowed:
                 raise ValueError(f"Unknown dmpo {knob} {value!r}; known: {list(allowed)}")
         if self.beta:
@@ -88,8 +95,8 @@ class DMPO(Algorithm):
     def needs_reference(self) -> bool:
         return self.tilt == "reference"
 
-    def estimator(self, family, sampling):
-        return MCElbo(self.samples)  # per draw: the mean masked log-prob, -DCE
+    def estimator(self, family, sampling):  # per draw: the mean masked log-prob, -DCE
+        return (AntitheticElbo if self.masks == "antithetic" else MCElbo)(self.samples)
 
     def streams(self, family, sampling):
         return self.samples
