@@ -133,11 +133,25 @@ def test_the_generation_length_comes_from_the_tasks_answers_and_a_shorter_one_is
 
 
 def test_a_start_without_learning_signal_stops_the_lab_before_rl():
+    """The check reads the groups, not the mean: a start whose every completion earns the same format-only score
+    (countdown's 0.093, a mean strictly between 0 and 1) passed the old mean-reward check and RL learned nothing."""
     lab = compare.Lab()
-    for reward in (0.0, 1.0):
-        with pytest.raises(SystemExit, match=f"scores {reward:.3f} on held-out sum4 .*: no learning signal"):
-            compare.check_signal({"reward_q": [reward] * 5}, "llada", lab)
-    compare.check_signal({"reward_q": [0.0, 1.0, 0.5]}, "llada", lab)
+    for reward in (0.0, 1.0, 0.093):
+        with pytest.raises(SystemExit, match=rf"only 0.0% of its groups \(8 completions of a question at T = 1\) have "
+                                             rf"rewards that differ \(mean reward {reward:.3f}; the lab needs 10%\)"):
+            compare.check_signal({"reward_q": [reward] * 5, "spread_q": [0.0] * 5}, "llada", lab)
+    with pytest.raises(SystemExit, match="only 5.0% of its groups"):
+        compare.check_signal({"reward_q": [0.5] * 20, "spread_q": [1.0] + [0.0] * 19}, "llada", lab)
+    compare.check_signal({"reward_q": [0.5] * 10, "spread_q": [1.0] + [0.0] * 9}, "llada", lab)  # 10%: enough
+    compare.check_signal({"reward_q": [0.0] * 5, "spread_q": [0.0] * 5}, "llada", compare.Lab(allow_no_signal=True))
+
+
+def test_the_held_out_measure_says_which_groups_carry_a_signal():
+    from dare.eval.lab import held_out
+    got = held_out("tiny:llada", "sum4", questions=6, samples=3, gen_length=8)
+    assert len(got["spread_q"]) == 6 and set(got["spread_q"]) <= {0.0, 1.0}
+    tied = [r in (0.0, 1.0) for r in got["reward_q"]]  # a question whose 3 rewards are all 0 or all 1 is flat
+    assert all(s == 0.0 for s, t in zip(got["spread_q"], tied, strict=True) if t)
 
 
 @pytest.mark.parametrize("task", ["addition", "arithmetic", "sum4", "countdown", "sudoku", "cycle"])

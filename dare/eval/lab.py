@@ -27,8 +27,9 @@ def _engine(model_dir: str) -> HFEngine:
 
 def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, gen_length: int = 12,
              seed: int = 12345, decoding: dict | None = None) -> dict:
-    """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``greedy_q``: its greedy
-    reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
+    """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``spread_q``: 1 where those
+    rewards are not all equal (a group of ``samples`` that carries a group advantage), else 0; ``greedy_q``: its
+    greedy reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
     ``SamplingConfig`` knobs (e.g. ``dare.sampling.FAST_DECODING["masked"]``; default the family's plain decoding)."""
     engine = _engine(model_dir)
     rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
@@ -38,6 +39,9 @@ def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, 
         rollout = engine.generate(prompts, n, sampling, seed=seed)
         scores = [r.score for r in router.score(rollout.texts, [r for r in rows for _ in range(n)])]
         out[name] = [sum(scores[i * n:(i + 1) * n]) / n for i in range(len(rows))]
+        if name == "reward_q":
+            out["spread_q"] = [float(max(scores[i * n:(i + 1) * n]) > min(scores[i * n:(i + 1) * n]))
+                               for i in range(len(rows))]
     return out
 
 

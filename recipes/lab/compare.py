@@ -18,8 +18,8 @@ value model (tracerl). ``NAME:ahead`` decodes each rollout one cycle ahead of tr
 ``NAME:fast`` decodes its rollouts with ``dare.sampling.FAST_DECODING``, the fastest decoding that kept its
 quality.
 Variants combine: ``tracerl:value:control``. The generation length comes from the task's
-reference answers (a shorter ``--gen-length`` is refused), and a start whose held-out reward is 0 or 1 (no learning
-signal) stops the lab before any RL runs.
+reference answers (a shorter ``--gen-length`` is refused), and a start where fewer than 10 % of the held-out
+questions' groups (``--samples`` completions at T = 1) have rewards that differ stops the lab before any RL runs.
 Writes ``<output-dir>/comparison.md``, ``comparison.json`` and ``comparison.png``; each finished run keeps its numbers
 in its folder's ``result.json``, so an interrupted or extended lab (more seeds, more algorithms) only runs what is new;
 ``--finished-only`` tabulates what a folder holds so far (each row with the seeds that finished) and runs nothing.
@@ -172,7 +172,8 @@ class Lab:
     samples: int = 8  # T = 1 completions per held-out question
     threads: int = 1  # torch threads (1: the same numbers on any core count)
     output_dir: str = "outputs/lab"  # shared start, runs (each reused when rerun) and comparison.{md,json,png}
-    allow_no_signal: bool = False  # run RL from a start that scores 0 or 1 (no learning signal): a smoke test only
+    # run RL from a start whose groups carry almost no signal (rewards all equal in most groups): a smoke test only
+    allow_no_signal: bool = False
     finished_only: bool = False  # tabulate the runs of output_dir that finished (seeds with a result.json); run none
 
     def __post_init__(self):
@@ -418,14 +419,22 @@ def plot(results: dict, path: Path):
     fig.savefig(path, dpi=120)
 
 
+SIGNAL_FLOOR = 0.1  # the least share of the start's groups with differing rewards the lab spends RL on
+
+
 def check_signal(before: dict, family: str, lab: Lab) -> None:
-    """Stop before the RL budget is spent when the SFT start's held-out reward is 0 or 1: every completion of a
-    group then scores alike, every advantage is 0, and RL has nothing to learn from."""
-    reward = statistics.fmean(before["reward_q"])
-    if reward in (0.0, 1.0) and not lab.allow_no_signal:
-        raise SystemExit(f"the SFT start of {family} scores {reward:.3f} on held-out {lab.task} (T = 1): no learning "
-                         f"signal (all completions score alike); train the start longer or shorter (--sft-steps "
-                         f"{sft_steps(family, lab)} now), choose another task, or --allow-no-signal for a smoke test")
+    """Stop before the RL budget is spent when too few of the SFT start's groups carry a signal: the held-out
+    questions' ``samples`` completions at T = 1 (the lab's groups when ``samples`` equals ``num_generations``) whose
+    rewards differ. A group whose completions all score alike (a start that always fails, always succeeds, or earns
+    one format-only score: countdown's 0.093 for every completion) has every advantage 0: RL learns nothing from it."""
+    reward, share = statistics.fmean(before["reward_q"]), statistics.fmean(before["spread_q"])
+    if share < SIGNAL_FLOOR and not lab.allow_no_signal:
+        raise SystemExit(f"the SFT start of {family} on held-out {lab.task}: only {share:.1%} of its groups "
+                         f"({lab.samples} completions of a question at T = 1) have rewards that differ (mean reward "
+                         f"{reward:.3f}; the lab needs {SIGNAL_FLOOR:.0%}): RL would get no gradient from the rest. "
+                         f"Train the start longer or shorter (--sft-steps {sft_steps(family, lab)} now), give it a "
+                         "longer --gen-length or a denser reward, choose another task, or --allow-no-signal for a "
+                         "smoke test")
 
 
 # what a finished run's numbers depend on besides its algorithm, family and seed
