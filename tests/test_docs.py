@@ -36,3 +36,13 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
         res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert res.returncode == 0, (line, res.stderr[-2000:])
     assert (tmp_path / "outputs" / "rl-task" / "model.safetensors").exists()
+
+
+def test_the_multi_gpu_page_shows_each_recipes_own_launch_line():
+    """docs/scale-out.md repeats each recipe's first line (its launch command): a recipe that changes its launch
+    changes the page."""
+    page = (DOCS / "scale-out.md").read_text()
+    for family in ("llada", "dream", "sdar", "llada2", "diffusion_gemma"):
+        for recipe in ("sft.yaml", "sft_lora.yaml", "d1_math.yaml"):
+            line = (ROOT / "recipes" / family / recipe).read_text().splitlines()[0].lstrip("# ")
+            assert line.startswith("accelerate launch ") and f"\n{line}\n" in page, (family, recipe)
