@@ -1,10 +1,10 @@
 """Online RL of a diffusion LM with any algorithm of the zoo (``--algo``), on any family, under Accelerate.
 
-    accelerate launch train_rl.py --algo d1 --config recipes/llada/d1_gsm8k.yaml
-    accelerate launch --config_file accelerate_configs/zero2.yaml train_rl.py --config recipes/dream/d1_gsm8k.yaml
+    accelerate launch train_rl.py --algo d1 --config recipes/llada/d1_math.yaml
+    accelerate launch --config_file accelerate_configs/zero2.yaml train_rl.py --config recipes/dream/d1_math.yaml
     python train_rl.py --algo d1 --model tiny:sdar --max-steps 4 --prompts-per-step 2 --num-generations 4 \\
         --rollout.gen-length 16 --output-dir outputs/rl-tiny
-    python train_rl.py --config recipes/llada/d1_gsm8k.yaml --resume   # continue from the newest complete checkpoint
+    python train_rl.py --config recipes/llada/d1_math.yaml --resume   # continue from the newest complete checkpoint
     python train_rl.py --algo d1 --help                                  # every knob, the algorithm's included
     python train_rl.py --algo vrpo --model tiny:llada --preference.path task:addition --max-steps 4 \\
         --prompts-per-step 8 --micro-batch-size 4 --output-dir outputs/vrpo-tiny   # offline: preference pairs
@@ -115,46 +115,6 @@ def args_class(algo: str):
     return cls
 
 
-def load_prompts(args: Args, tokenizer, path: str, split: str, limit: int | None) -> tuple[list[dict], int]:
-    """The rows whose prompt fits ``data.max_prompt_length`` tokens, and the longest of them."""
-    from dare.data import prompt_rows
-    from dare.data.chat import encode
-
-    rows = prompt_rows(path, split, args.data, limit)
-    lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
-    kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= args.data.max_prompt_length]
-    if len(kept) < len(rows):
-        print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
-              f"{args.data.max_prompt_length} tokens")
-    if not kept:
-        raise ValueError(f"{path}: no prompt fits data.max_prompt_length={args.data.max_prompt_length}")
-    return [r for r, _ in kept], max(n for _, n in kept)
-
-
-def data_parallel_size(args: Args, world: int) -> int:
-    """Processes / sequence_parallel: a sequence-parallel group shares its prompts (or pairs)."""
-    if world % args.sequence_parallel:
-        raise ValueError(f"sequence_parallel={args.sequence_parallel} must divide the {world} processes")
-    return world // args.sequence_parallel
-
-
-def batch_shape(args: Args, world: int, streams: int) -> tuple[int, int]:
-    """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
-    ``streams``), and a checkpoint cadence that falls between cycles."""
-    world, algo = data_parallel_size(args, world), args.algo_config
-    if args.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} data-parallel "
-                         "process groups")
-    completions = args.prompts_per_step // world * args.num_generations
-    if completions % (args.micro_batch_size * algo.mini_batches):
-        raise ValueError(f"{completions} completions per device are not a multiple of micro_batch_size="
-                         f"{args.micro_batch_size} x mini_batches={algo.mini_batches}")
-    if args.save_steps % algo.cycle:
-        raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations x mini_batches "
-                         f"({algo.cycle}): a checkpoint inside a cycle could not resume exactly")
-    return args.prompts_per_step // world, completions // args.micro_batch_size // algo.mini_batches * streams
-
-
 def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # noqa: F821
     from transformers import TrainingArguments
 
@@ -174,16 +134,18 @@ def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # no
 
 def online(args: Args, config, tokenizer, family) -> partial:
     """The ``rl`` trainer: prompts, rewards, the rollout's decoding and its engine, checked; TrainingArguments."""
+    from dare.data.rl import fitting_prompts
     from dare.models.loading import max_positions
     from dare.rewards.routing import RewardRouter
+    from dare.trainers.flags import batch_shape
     from dare.trainers.rl import DiffusionRLTrainer
     from dare.trainers.rollout_modes import get_rollout_mode
 
     algo, engine, positions = args.algo_config, get_engine(args.rollout_engine), max_positions(config)
     rewards = RewardRouter(args.rewards)
-    train, longest = load_prompts(args, tokenizer, args.data.path, args.data.split, args.data.limit)
-    evaluation, longest_eval = (load_prompts(args, tokenizer, args.data.eval_path, args.data.eval_split,
-                                             args.data.eval_limit) if args.data.eval_path else (None, 0))
+    train, longest = fitting_prompts(tokenizer, args.data.path, args.data.split, args.data, args.data.limit)
+    evaluation, longest_eval = (fitting_prompts(tokenizer, args.data.eval_path, args.data.eval_split, args.data,
+                                                args.data.eval_limit) if args.data.eval_path else (None, 0))
     rewards.check({r["data_source"] for r in train + (evaluation or [])})
     rewards.check_rows(train + (evaluation or []))
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
@@ -212,6 +174,7 @@ def preference(args: Args, config, tokenizer, family) -> partial:
     """The ``preference`` trainer: the ``preference`` pairs, checked; TrainingArguments (rollout, reward and RL-data
     knobs unused)."""
     from dare.data.preference import pair_rows
+    from dare.trainers.flags import data_parallel_size
     from dare.trainers.preference import PreferenceTrainer
 
     data = args.preference
@@ -231,17 +194,6 @@ def preference(args: Args, config, tokenizer, family) -> partial:
                    console=args.console, sequence_parallel=args.sequence_parallel, pack=args.pack)
 
 
-def check_counts(args: Args) -> None:
-    """Batch and step counts of at least one (two completions per prompt for a group advantage), before anything
-    loads."""
-    least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
-             "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
-    for knob, low in least.items():
-        if getattr(args, knob) < low:
-            why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""
-            raise ValueError(f"--{knob.replace('_', '-')} must be at least {low}{why}, got {getattr(args, knob)}")
-
-
 TRAINERS = {"rl": online, "preference": preference}  # the trainer an algorithm names (Algorithm.trainer)
 
 
@@ -252,12 +204,12 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights
     from dare.trainers import fit, start_or_resume
-    from dare.trainers.flags import check_training_flags
+    from dare.trainers.flags import check_rl_counts, check_training_flags
 
     set_seed(args.seed)
     check_training_flags(args)
     args.lora.validate()
-    check_counts(args)
+    check_rl_counts(args)
     check_attention(args.attn_implementation, training=True)
     checkpoint = start_or_resume(args)
     config, tokenizer, family = load_config(args.model)  # every check below runs before the weights load

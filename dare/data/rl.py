@@ -109,3 +109,20 @@ def instruct(row: dict, mode: str = "auto") -> dict:
     prompt = [dict(m) for m in row["prompt"]]
     prompt[users[-1]]["content"] = last["content"] + text
     return {**row, "prompt": prompt}
+
+
+def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig,
+                    limit: int | None) -> tuple[list[dict], int]:
+    """The rows of ``path`` whose prompt fits ``config.max_prompt_length`` tokens (chat template applied; the others
+    dropped and counted), and the longest of them."""
+    from .chat import encode
+
+    rows = prompt_rows(path, split, config, limit)
+    lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
+    kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= config.max_prompt_length]
+    if len(kept) < len(rows):
+        print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
+              f"{config.max_prompt_length} tokens")
+    if not kept:
+        raise ValueError(f"{path}: no prompt fits data.max_prompt_length={config.max_prompt_length}")
+    return [r for r, _ in kept], max(n for _, n in kept)

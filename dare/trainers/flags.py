@@ -1,4 +1,5 @@
-"""The flags every training script shares (``train_sft.py``, ``train_rl.py``), checked before anything loads: a value
+"""The flags every training script shares (``train_sft.py``, ``train_rl.py``) and ``train_rl.py``'s batch arithmetic,
+checked before anything loads: a value
 that would be misread in silence (``--max-steps 0`` trains one step, ``-5`` a whole epoch) or end in a traceback
 minutes later (an accumulation of 0, a backend that is not installed) is one ``error:`` line."""
 
@@ -40,3 +41,38 @@ def check_training_flags(args) -> None:
     if package and importlib.util.find_spec(package) is None:
         raise ValueError(f"--report-to {args.report_to}: the {package} package is not installed (pip install "
                          f"{package}), or use --report-to none")
+
+
+def check_rl_counts(args) -> None:
+    """Batch and step counts of at least one (two completions per prompt for a group advantage), before anything
+    loads."""
+    least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
+             "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
+    for knob, low in least.items():
+        if getattr(args, knob) < low:
+            why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""
+            raise ValueError(f"--{knob.replace('_', '-')} must be at least {low}{why}, got {getattr(args, knob)}")
+
+
+def data_parallel_size(args, world: int) -> int:
+    """Processes / sequence_parallel: a sequence-parallel group shares its prompts (or pairs)."""
+    if world % args.sequence_parallel:
+        raise ValueError(f"sequence_parallel={args.sequence_parallel} must divide the {world} processes")
+    return world // args.sequence_parallel
+
+
+def batch_shape(args, world: int, streams: int) -> tuple[int, int]:
+    """(prompts per process, micro-steps per optimiser step = micro-batches of a mini-batch x the algorithm's
+    ``streams``), and a checkpoint cadence that falls between cycles."""
+    world, algo = data_parallel_size(args, world), args.algo_config
+    if args.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step={args.prompts_per_step} must be a multiple of the {world} data-parallel "
+                         "process groups")
+    completions = args.prompts_per_step // world * args.num_generations
+    if completions % (args.micro_batch_size * algo.mini_batches):
+        raise ValueError(f"{completions} completions per device are not a multiple of micro_batch_size="
+                         f"{args.micro_batch_size} x mini_batches={algo.mini_batches}")
+    if args.save_steps % algo.cycle:
+        raise ValueError(f"save_steps ({args.save_steps}) must be a multiple of num_iterations x mini_batches "
+                         f"({algo.cycle}): a checkpoint inside a cycle could not resume exactly")
+    return args.prompts_per_step // world, completions // args.micro_batch_size // algo.mini_batches * streams
