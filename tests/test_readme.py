@@ -20,8 +20,11 @@ def test_python_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "outputs" / "tiny-llada" / "config.json").exists()
 
 
+PAGES = README + "".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))  # README + docs site
+
+
 def test_commands_refer_to_real_files():
-    shell = "\n".join(re.findall(r"```bash\n(.*?)```", README, flags=re.S))
+    shell = "\n".join(re.findall(r"```bash\n(.*?)```", PAGES, flags=re.S))
     for script in re.findall(r"python ([\w/]+\.py)", shell):
         assert (ROOT / script).exists(), script
     tests = "python -m pytest -q -n 2 --dist loadfile"  # CI runs the README's test command as written
@@ -182,11 +185,18 @@ def test_reproduction_table_is_generated_and_measures_nothing_by_hand():
 def test_the_readme_sections_the_code_points_to_exist():
     """Help texts and comments point users to README sections (the resume flags pointed to a "Resume" section that
     did not exist): each named section is a heading or a bold paragraph title of the README."""
-    titles = set(re.findall(r"^#+ (.+)$", README, re.M)) | set(re.findall(r"^\*\*(.+?)\.?\*\*", README, re.M))
-    refs = {(path.name, ref) for path in ROOT.rglob("*.py") if ".git" not in path.parts
-            for ref in re.findall(r'README[ ,]*"([^"]+)"', path.read_text())}
-    assert refs, "the pattern finds the references"
-    missing = sorted((name, ref) for name, ref in refs if not any(t.startswith(ref) for t in titles))
+    def titles(text):
+        return set(re.findall(r"^#+ (.+)$", text, re.M)) | set(re.findall(r"^\*\*(.+?)\.?\*\*", text, re.M))
+
+    sources = {path.name: re.sub(r"\s*\n#\s*", " ", path.read_text()) for path in ROOT.rglob("*.py")
+               if ".git" not in path.parts and path.name != "test_readme.py"}  # comments joined across lines
+    refs = {(name, "README.md", ref) for name, text in sources.items()
+            for ref in re.findall(r'README[ ,]*"([^"]+)"', text)}
+    refs |= {(name, page, ref) for name, text in sources.items()
+             for page, ref in re.findall(r'(docs/[\w-]+\.md)[ ,]*"([^"]+)"', text)}
+    assert {page for _, page, _ in refs} >= {"README.md", "docs/benchmarks.md"}, "the patterns find the references"
+    missing = sorted((name, page, ref) for name, page, ref in refs if not (ROOT / page).exists()
+                     or not any(t.startswith(ref) for t in titles((ROOT / page).read_text())))
     assert not missing, missing
 
 

@@ -10,7 +10,8 @@ import torch
 from .primitives import CONFIDENCE, THRESHOLD_RULES, ascending_steps
 
 PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
-# The fastest decoding that kept its quality in DARE's measurements (README, "The rollout's share of an RL step"):
+# The fastest decoding that kept its quality in DARE's measurements (docs/benchmarks.md, "The rollout's share of an RL
+# step"):
 # masked families the Fast-dLLM dual cache with dInfer's vicinity refresh and confidence threshold 0.7, block families
 # their block cache with threshold 0.9. A choice for a run to make (``fast_decoding``): threshold decoding samples
 # another trajectory distribution than the reference's one token per step.

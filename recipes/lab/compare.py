@@ -50,7 +50,7 @@ from dare.eval.lab import held_out, mean_se, mistake_pairs, paired  # noqa: E402
 from dare.sampling import fast_decoding  # noqa: E402
 
 # NAME:lab: an algorithm's own settings where the shared ones (lr 1e-3) do not make it learn, each found by a
-# learning-rate sweep on seeds that are never reported (7; the lab reports 0-2; README, "The comparison lab")
+# learning-rate sweep on seeds that are never reported (7; the lab reports 0-2; docs/lab.md)
 LAB_PROFILES = {
     # the wave-4 LLaDA start (0.176), seed 7, held-out gain: 1e-3 +0.087, 3e-4 +0.091, 1e-4 +0.059
     "bgpo": {"learning_rate": 3e-4},
