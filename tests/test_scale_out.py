@@ -22,7 +22,7 @@ import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "README.md").read_text() + (ROOT / "docs" / "scale-out.md").read_text()  # and the docs page
 STRATEGIES = {"ddp": [], "fsdp": ["--config_file", "accelerate_configs/fsdp.yaml"],
               "zero2": ["--config_file", "accelerate_configs/zero2.yaml"],
               "zero3": ["--config_file", "accelerate_configs/zero3.yaml"]}
