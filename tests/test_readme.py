@@ -13,7 +13,7 @@ README = (ROOT / "README.md").read_text()
 
 def test_python_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", PAGES, flags=re.S)
     assert blocks
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
