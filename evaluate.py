@@ -11,7 +11,7 @@
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
     python evaluate.py --model JetLM/SDAR-8B-Chat --engine sglang --bench gsm8k --threshold 0.9   # SGLang's environment
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --protocol d1 --bench gsm8k,math500,countdown,sudoku \
-        --data-dir ../shared/data/rl/test --gen-length 256   # d1's published protocol (README "Reproducing")
+        --data-dir ../shared/data/rl/test --gen-length 256   # d1's protocol (docs/evaluation.md "Reproducing")
 
 Every sampling knob of dare.sampling.SamplingConfig is a flag (see --help); ``--model`` takes a hub name, a local
 folder or ``tiny:<family>``; ``--config`` YAML files set the defaults. Benchmarks are scored by the RL rewards

@@ -5,7 +5,7 @@
 d1 publishes the generations behind its Table 1 (``<task>_instruct_<gen length>_<steps>_<rank>_generations.json``).
 Each is read as the protocol's reward reads a DARE sample (the text up to the end-of-turn token) and counted with the
 protocol's metric (Sudoku: empty cells right, pooled); the table shows the paper's number and the gap. Where DARE
-and d1's parser disagree, DARE reads what d1's misses (README "Reproducing published numbers").
+and d1's parser disagree, DARE reads what d1's misses (docs/evaluation.md "Reproducing published numbers").
 """
 
 import argparse

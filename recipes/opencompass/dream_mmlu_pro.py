@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/dream_mmlu_pro.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/dream_mmlu_pro.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # Dream-v0-Instruct-7B: entropy order, T 0.2, top-p 0.95, one token per step.
 # mmlu_pro: dataset config mmlu_pro_gen, 128 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

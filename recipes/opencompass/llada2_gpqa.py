@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada2_gpqa.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada2_gpqa.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA2.0-mini: blocks of 32, 32 steps per block, greedy, threshold 0.95.
 # gpqa: dataset config gpqa_gen (the reference's gpqa_fewshot_gen is not in OpenCompass 0.5.4), 128 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada2_math.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada2_math.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA2.0-mini: blocks of 32, 32 steps per block, greedy, threshold 0.95.
 # math: the reference's dataset config math_0shot_gen_11c4b5, 512 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada_gpqa.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada_gpqa.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA-8B-Instruct: one token per step, greedy.
 # gpqa: dataset config gpqa_gen (the reference's gpqa_fewshot_gen is not in OpenCompass 0.5.4), 128 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada_gsm8k.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada_gsm8k.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA-8B-Instruct on OpenCompass's GSM8K with DARE's sampler (models-and-sampling.md §7.2: 256 tokens, block 8,
 # one token per step, greedy, prefix cache). Keep configs to plain data and `from` imports (mmengine re-reads them).
 from mmengine.config import read_base

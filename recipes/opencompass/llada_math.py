@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada_math.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada_math.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA-8B-Instruct: prefix cache, one token per step, greedy.
 # math: the reference's dataset config math_0shot_gen_11c4b5, 256 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

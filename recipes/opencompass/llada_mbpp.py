@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada_mbpp.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada_mbpp.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA-8B-Instruct: prefix cache, one token per step, greedy.
 # mbpp: the reference's dataset config mbpp_gen, 512 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/llada_mmlu_pro.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/llada_mmlu_pro.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # LLaDA-8B-Instruct: one token per step, greedy.
 # mmlu_pro: dataset config mmlu_pro_gen, 256 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).

@@ -1,4 +1,4 @@
-# opencompass recipes/opencompass/sdar_math.py -w outputs/opencompass   (the extra: README, "OpenCompass")
+# opencompass recipes/opencompass/sdar_math.py -w outputs/opencompass   (docs/evaluation.md "OpenCompass")
 # SDAR-8B-Chat: blocks of 4, 4 steps per block, greedy (the reference's top-k 1).
 # math: the reference's dataset config math_prm800k_500_0shot_cot_gen_11c4b5, 4096 tokens
 # (models-and-sampling.md §7.1-7.2). Keep configs to plain data and `from` imports (mmengine re-reads them).
