@@ -79,13 +79,13 @@ def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
         assert "tokens/s" in res.stderr, line
 
 
-def run_readme_line(prefix: str, tmp_path, which: int = 0):
-    """Run the ``which``-th README line that starts with ``prefix`` as written, its --output-dir moved into
+def run_readme_line(prefix: str, tmp_path):
+    """Run the README or docs line that starts with ``prefix`` as written, its --output-dir moved into
     ``tmp_path``."""
     import shlex
     import subprocess
     import sys
-    line = [ln for ln in README.splitlines() if ln.startswith(prefix)][which]
+    line = next(ln for ln in PAGES.splitlines() if ln.startswith(prefix))
     argv = shlex.split(line)[1:]
     argv[argv.index("--output-dir") + 1] = str(tmp_path / "out")
     res = subprocess.run([sys.executable, str(ROOT / argv[0]), *argv[1:]], capture_output=True, text=True,
@@ -94,9 +94,11 @@ def run_readme_line(prefix: str, tmp_path, which: int = 0):
     return tmp_path / "out"
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])  # DiffusionGemma's, task:sum4 with no key flags, the tiny SDAR one
-def test_tiny_training_command_runs_as_written(tmp_path, which):
-    assert (run_readme_line("python train_sft.py --model tiny:", tmp_path, which) / "model.safetensors").exists()
+@pytest.mark.parametrize("prefix", ["python train_sft.py --model tiny:diffusion_gemma ",
+                                    "python train_sft.py --model tiny:llada --data.path task:sum4 ",  # no key flags
+                                    "python train_sft.py --model tiny:sdar "])
+def test_tiny_training_command_runs_as_written(tmp_path, prefix):
+    assert (run_readme_line(prefix, tmp_path) / "model.safetensors").exists()
 
 
 def test_tiny_rl_command_runs_as_written(tmp_path):
