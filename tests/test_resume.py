@@ -132,3 +132,6 @@ def test_a_fresh_run_never_mixes_with_another(sft_run, capsys):
     assert not (out / "checkpoint-4").exists() and (out / "notes.txt").read_text() == "mine"
     assert json.loads((out / "checkpoint-2" / SETTINGS).read_text())["learning_rate"] == 1e-3
     assert "deleted the previous run" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is the --model folder"):  # --overwrite-output-dir must not delete the start
+        train_sft.main(args_for(rows, out, model=str(out), max_steps=2, overwrite_output_dir=True))
+    assert (out / "model.safetensors").exists()
