@@ -62,19 +62,20 @@ def catalogue() -> str:
     return "\n".join(rows) + "\n"
 
 
+def default_of(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def own_knobs(cls) -> list[str]:
     """``name = default`` of the knobs the algorithm adds, or whose default differs from plain GRPO's."""
-    base = {f.name: f for f in dataclasses.fields(Algorithm)}
+    base = {f.name: default_of(f) for f in dataclasses.fields(Algorithm)}
     out = []
     for f in dataclasses.fields(cls):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = default_of(f)
         if f.name not in base:
             out.append(f"{f.name} = {default!r}")
-            continue
-        ref = base[f.name]
-        ref_default = ref.default_factory() if ref.default_factory is not dataclasses.MISSING else ref.default
-        if default != ref_default:
-            out.append(f"{f.name} = {default!r}  (GRPO: {ref_default!r})")
+        elif default != base[f.name]:
+            out.append(f"{f.name} = {default!r}  (GRPO: {base[f.name]!r})")
     return out
 
 

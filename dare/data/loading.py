@@ -99,3 +99,12 @@ def get_field(row: dict, key: str):
             raise KeyError(f"Column {key!r}: {part!r} not found in {where} (available: {sorted(keys)})")
         value = value[part]
     return value
+
+
+def has_field(row: dict, key: str) -> bool:
+    """Whether ``get_field(row, key)`` finds the dotted key."""
+    try:
+        get_field(row, key)
+    except KeyError:
+        return False
+    return True

@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
-from .loading import LocalDir, get_field, load_rows
-from .sft import as_messages, has_field
+from .loading import LocalDir, get_field, has_field, load_rows
+from .sft import as_messages
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .loading import LocalDir, get_field
+from .loading import LocalDir, get_field, has_field
 
 
 @dataclass
@@ -74,14 +74,6 @@ def as_messages(prompt, system_prompt):
 SFT_FORMATS = (("prompt-completion (TRL)", "prompt", "completion"),
                ("task (DARE's task:NAME rows)", "prompt", "extra_info.solution"),
                ("reference (question / answer in extra_info)", "extra_info.question", "extra_info.answer"))
-
-
-def has_field(row: dict, key: str) -> bool:
-    try:
-        get_field(row, key)
-    except KeyError:
-        return False
-    return True
 
 
 def sft_format(row: dict) -> tuple[str, str, str]:

@@ -57,6 +57,10 @@ class Rollout:
         return replace(self, **{k: pick(getattr(self, k)) for k in tensors}, texts=[self.texts[i] for i in rows],
                        **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")})
 
+    def stopped(self, stop_ids) -> torch.Tensor:
+        """``[N]`` bool: the completions that reached a stop token (the others were cut off by the length limit)."""
+        return torch.isin(self.completion_ids, torch.tensor(stop_ids, device=self.completion_ids.device)).any(-1)
+
     @staticmethod
     def join(parts: list["Rollout"], pad_id: int) -> "Rollout":
         """The rows of several rollouts, one after the other: prompts left-padded to the widest (``pad_id``, mask 0),

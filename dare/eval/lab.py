@@ -38,10 +38,10 @@ def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, 
         sampling = SamplingConfig(**{**(decoding or {}), "gen_length": gen_length, "temperature": temperature})
         rollout = engine.generate(prompts, n, sampling, seed=seed)
         scores = [r.score for r in router.score(rollout.texts, [r for r in rows for _ in range(n)])]
-        out[name] = [sum(scores[i * n:(i + 1) * n]) / n for i in range(len(rows))]
+        groups = [scores[i * n:(i + 1) * n] for i in range(len(rows))]
+        out[name] = [sum(group) / n for group in groups]
         if name == "reward_q":
-            out["spread_q"] = [float(max(scores[i * n:(i + 1) * n]) > min(scores[i * n:(i + 1) * n]))
-                               for i in range(len(rows))]
+            out["spread_q"] = [float(max(group) > min(group)) for group in groups]
     return out
 
 

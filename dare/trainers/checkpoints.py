@@ -168,9 +168,8 @@ def start_or_resume(args) -> str | None:
     """The checkpoint this run continues from (``--resume``: ``resume_from``), or None for a fresh run. A fresh run
     never mixes with another: a folder holding another run's checkpoints or model is refused, unless
     ``--overwrite-output-dir``, which deletes them (``RUN_FILES``) first. Call it before the weights load."""
-    folder = Path(args.output_dir)
-    if folder.exists() and Path(os.path.expanduser(args.model)).exists() and \
-            folder.resolve() == Path(os.path.expanduser(args.model)).resolve():
+    folder, model = Path(args.output_dir), Path(os.path.expanduser(args.model))
+    if folder.exists() and model.exists() and folder.resolve() == model.resolve():
         raise ValueError(f"--output-dir {folder} is the --model folder: write the run into another folder")
     if args.resume:
         return resume_from(args.output_dir, args, args.resume_must)

@@ -44,10 +44,10 @@ def check_training_flags(args) -> None:
 
 
 def check_rl_counts(args) -> None:
-    """Batch and step counts of at least one (two completions per prompt for a group advantage), before anything
-    loads."""
-    least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1, "logging_steps": 1,
-             "save_steps": 1, "num_generations": 2 if args.algo_config.trainer == "rl" else 1}
+    """``train_rl.py``'s batch counts of at least one (two completions per prompt for a group advantage), before
+    anything loads; run after ``check_training_flags``."""
+    least = {"prompts_per_step": 1, "micro_batch_size": 1, "rollout_batch_size": 1,
+             "num_generations": 2 if args.algo_config.trainer == "rl" else 1}  # logging / save steps: above
     for knob, low in least.items():
         if getattr(args, knob) < low:
             why = " (a group advantage compares completions of one prompt)" if knob == "num_generations" else ""

@@ -215,10 +215,8 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         DiRL's rule: a response cut off by the length limit is wrong, whatever it holds)."""
         if not self.truncated_is_wrong:
             return results
-        stopped = torch.isin(rollout.completion_ids, torch.tensor(self.family.stop_ids,
-                                                                  device=rollout.completion_ids.device)).any(-1)
-        return [r if done else RewardResult(0.0, 0.0, r.pred) for r, done in zip(results, stopped.tolist(),
-                                                                                  strict=True)]
+        stopped = rollout.stopped(self.family.stop_ids).tolist()
+        return [r if done else RewardResult(0.0, 0.0, r.pred) for r, done in zip(results, stopped, strict=True)]
 
     def _still_short(self, short: bool) -> bool:
         """Whether any process still lacks groups with a signal: every process decodes the same number of rounds
@@ -372,8 +370,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
             spread = scores.view(-1, self.num_generations)
             flat = (spread.max(-1).values == spread.min(-1).values).double()
             self._add("rollout/flat_groups", float(flat.sum()), flat.numel())
-        stopped = torch.isin(rollout.completion_ids, torch.tensor(self.family.stop_ids, device=lengths.device))
-        self._add_samples("completion_unfinished", (~stopped.any(-1)).float())
+        self._add_samples("completion_unfinished", (~rollout.stopped(self.family.stop_ids)).float())
         for name, seconds in (("time/rollout", rollout_s), ("time/reward", reward_s), ("time/old_ref_logp", score_s)):
             self._add(name, seconds)
         self._add("rollout/tokens_per_s", rollout.tokens_per_second)
