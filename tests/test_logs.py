@@ -109,7 +109,7 @@ def test_a_rollout_shows_progress_and_tied_groups_are_named(data, tmp_path, caps
     from dare.trainers.logs import RolloutProgress
     monkeypatch.setattr(RolloutProgress, "every", 0.01)
     train_rl.main(rl_args(data, tmp_path, max_steps=2, rewards=["test_length:0"], data__eval_path=None,
-                          rollout__gen_length=16))
+                          rollout__gen_length=64))  # 64 forwards a rollout: several 0.01 s ticks on any CPU
     captured = capsys.readouterr()
     progress = re.findall(r"^rollout (\d) \(8 completions\): decoding, \d+ s, (\d+) forwards$", captured.out, re.M)
     assert {n for n, _ in progress} == {"1", "2"} and int(progress[-1][1]) > 0, captured.out
