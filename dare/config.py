@@ -31,6 +31,8 @@ def convert(value, kind, where: str):
     numbers written either way become the float or int the field declares; anything that does not fit is an error
     naming the key."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Annotated:
+        return convert(value, args[0], where)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -73,6 +75,29 @@ def convert(value, kind, where: str):
     else:
         return value  # dict, Any and other types: as written
     raise ValueError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r} ({type(value).__name__})")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    values: tuple[str, ...]
+
+
+def one_of(*values: str, optional: bool = False):
+    """The type of a text knob taking one of ``values`` (``optional``: or None): ``--help`` lists them and
+    ``check_choices`` refuses others with DARE's one-line error (a ``Literal`` would print tyro's box instead)."""
+    shown = "{" + ",".join(("None",) * optional + values) + "}"
+    return typing.Annotated[str | None if optional else str, tyro.conf.arg(metavar=shown), OneOf(tuple(values))]
+
+
+def check_choices(config, prefix: str = "") -> None:
+    """Refuse a ``one_of`` field of the dataclass ``config`` holding a value outside its choices (None passes: the
+    field's owner fills it in), naming the knob and the choices."""
+    hints = typing.get_type_hints(type(config), include_extras=True)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        for choices in (m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, OneOf)):
+            if value is not None and value not in choices.values:
+                raise ValueError(f"Unknown {prefix}{f.name} {value!r}; known: {list(choices.values)}")
 
 
 def _apply(instance, values: dict, source: str, prefix: str = ""):

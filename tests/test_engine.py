@@ -93,4 +93,4 @@ def test_evaluate_chat_mode_and_bad_flag():
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("tokens/s") == 2
     bad = run_cli("--model", "tiny:llada", "--prompt", "x", "--remasking", "nope", "--gen-length", "8")
-    assert bad.returncode != 0 and "Unknown remasking algorithm 'nope'" in bad.stderr
+    assert bad.returncode != 0 and "Unknown remasking 'nope'" in bad.stderr

@@ -175,3 +175,35 @@ def test_algorithm_registry_and_knob_checks():
                 {"p_prompt": 1.0}, {"dual_clip": 0.5}):
         with pytest.raises(ValueError):
             get_algorithm("d1")(**bad).validate(fam)
+
+
+def test_every_enumerated_knob_lists_its_choices_and_refuses_others():
+    """Each text knob of each algorithm is a ``one_of`` (--help shows the choices), and validate refuses a value
+    outside them naming the knob (the choices too, unless the algorithm pins the knob to one value)."""
+    import dataclasses
+    import typing
+
+    from dare.algos import known
+    from dare.config import OneOf
+    fam = rollout("llada")[1]
+    checked = 0
+    for name in known():
+        cls = get_algorithm(name)
+        sections = [(cls, "", lambda cls=cls, **kw: cls(**kw))]
+        if hasattr(cls(), "dynamic_sampling"):
+            sections.append((type(cls().dynamic_sampling), "dynamic_sampling.", lambda cls=cls, **kw: cls(
+                dynamic_sampling=dataclasses.replace(cls().dynamic_sampling, **kw))))
+        for owner, prefix, make in sections:
+            hints = typing.get_type_hints(owner, include_extras=True)
+            for f in dataclasses.fields(owner):
+                choices = [m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, OneOf)]
+                if hints[f.name] is str and f.name != "model":
+                    raise AssertionError(f"{name}: {prefix}{f.name} is free text: declare its choices with one_of")
+                if not choices:
+                    continue
+                named = rf"(?i)^(Unknown {prefix}{f.name} 'nope'; known: \[|.*\b{f.name}\b)"
+                with pytest.raises(ValueError, match=named):
+                    make(**{f.name: "nope"}).validate(fam)
+                checked += 1
+    print(f"{checked} enumerated knobs refused a value outside their choices")
+    assert checked > 3 * len(known())

@@ -153,6 +153,9 @@ def test_help_lists_the_algorithm_knobs():
     assert result.returncode == 0
     for flag in ("--algo-config.p-prompt", "--algo-config.num-iterations", "--rollout.temperature", "--rewards"):
         assert flag in result.stdout, flag
+    for flag in ("--algo-config.advantage {drgrpo,grpo,rloo}", "--algo-config.kl-to {reference,rollout}",
+                 "--rollout.cache {None,none,prefix,dual,block}", "--algo-config.dynamic-sampling.mode {off,pad,"):
+        assert flag in result.stdout, flag  # the enumerated knobs show their choices
 
 
 def test_clear_errors_for_bad_input(data, tmp_path):

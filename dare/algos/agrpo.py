@@ -35,10 +35,11 @@ from typing import ClassVar
 
 import torch
 
+from ..config import one_of
 from ..likelihood import SampledSteps, trajectory_blocks
 from ..sampling.primitives import filter_logits
 from . import register
-from .base import StepGroups
+from .base import Advantage, LossMask, StepGroups
 from .core import masked_stats
 
 STEP_WEIGHTS = ("mean", "sum")
@@ -65,22 +66,21 @@ class AGRPO(StepGroups):
     needs_steps: ClassVar[str] = "it replays sampled decoding steps"
 
     samples: int = 8  # K steps drawn per row and inner iteration (one forward and backward each); paper: 24
-    step_weight: str = "mean"  # mean: (1/T) sum over steps (the authors') | sum: the trajectory log-probability
-    steps: str = "content"  # content: steps up to the last that committed a non-stop token (the authors') | all
-    proposal: str = "entropy"  # entropy: q proportional to the entropy a step committed (the authors') | uniform
+    # mean: (1/T) sum over steps (the authors') | sum: the trajectory log-probability
+    step_weight: one_of(*STEP_WEIGHTS) = "mean"
+    # content: steps up to the last that committed a non-stop token (the authors') | all
+    steps: one_of(*STEP_SETS) = "content"
+    # entropy: q proportional to the entropy a step committed (the authors') | uniform
+    proposal: one_of(*PROPOSALS) = "entropy"
     low_discrepancy: bool = True  # stratify the batch's draws (the authors') instead of independent uniforms
     truncate: bool = True  # score with the sampler's top-k / top-p filter renormalised (the authors')
-    advantage: str = "drgrpo"  # paper: r - mean
-    loss_mask: str = "all"  # every decoded token is an action
+    advantage: Advantage = "drgrpo"  # paper: r - mean
+    loss_mask: LossMask = "all"  # every decoded token is an action
     dual_clip: float | None = None
 
     def validate(self, family):
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
-        for knob, value, allowed in (("step_weight", self.step_weight, STEP_WEIGHTS),
-                                     ("steps", self.steps, STEP_SETS), ("proposal", self.proposal, PROPOSALS)):
-            if value not in allowed:
-                raise ValueError(f"Unknown agrpo {knob} {value!r}; known: {list(allowed)}")
         return super().validate(family)
 
     def rollout_sampling(self, family, config):

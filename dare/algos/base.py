@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from ..config import check_choices, one_of
 from ..likelihood import Estimate, Trajectory, decoding_path, rollout_attention
 from ..sampling import SamplingConfig
 from .core import clipped_token_loss, group_advantages, kl_estimate, masked_stats, token_mean
@@ -25,6 +26,7 @@ ADVANTAGES = ("drgrpo", "grpo", "rloo")
 LOSS_MASKS = ("all", "upto_first_eos")
 KL_ESTIMATORS = ("abs", "k1", "k2", "k3")
 KL_TARGETS = ("reference", "rollout")
+Advantage, LossMask, KL = one_of(*ADVANTAGES), one_of(*LOSS_MASKS), one_of(*KL_ESTIMATORS)
 
 
 NOISE_WHY = ("its noise is uniform random tokens and the algorithm's likelihood estimate is derived for masked "
@@ -102,17 +104,16 @@ class DynamicSampling:
     no refill; the groups without a signal leave the loss (advantages and loss tokens 0: the batch trains on fewer
     groups). Logged: ``rollout/groups_dropped``, ``groups_without_signal``, ``dynamic_rounds``."""
 
-    mode: str = "off"  # off | pad | resample | drop (see above)
-    keep: str = "spread"  # spread: the group's rewards differ | mixed: 0 < accuracy < 1 | accuracy: in [low, high]
+    mode: one_of(*DYNAMIC_SAMPLING) = "off"  # off | pad | resample | drop (see above)
+    # spread: the group's rewards differ | mixed: 0 < accuracy < 1 | accuracy: in [low, high]
+    keep: one_of(*SIGNAL_RULES) = "spread"
     low: float = 0.2  # keep: accuracy, the least accuracy kept (TraceRL: 0.2)
     high: float = 0.8  # keep: accuracy, the largest kept (TraceRL: 0.8)
     extra: float = 1.0  # prompts of each extra round, a fraction of the step's (pad: the one round)
     rounds: int = 5  # resample: extra rounds at most
 
     def validate(self) -> None:
-        for knob, value, allowed in (("mode", self.mode, DYNAMIC_SAMPLING), ("keep", self.keep, SIGNAL_RULES)):
-            if value not in allowed:
-                raise ValueError(f"Unknown dynamic_sampling.{knob} {value!r}; known: {list(allowed)}")
+        check_choices(self, "dynamic_sampling.")
         if not 0 <= self.low <= self.high <= 1 or not self.extra > 0 or self.rounds < 1:
             raise ValueError(f"dynamic_sampling needs 0 <= low <= high <= 1, extra > 0 and rounds >= 1; got "
                              f"{self.low}, {self.high}, {self.extra}, {self.rounds}")
@@ -153,12 +154,12 @@ class Algorithm(Declared):
     eps_high: float = 0.2  # PPO clip: ratio ceiling 1 + eps_high
     dual_clip: float | None = 3.0  # verl's dual clip c for A < 0 (None: off); inactive when num_iterations = 1
     beta: float = 0.0  # KL weight (0: no KL term, no reference model kept)
-    kl: str = "k3"  # KL estimator: k1 | abs | k2 | k3
+    kl: KL = "k3"  # KL estimator: k1 | abs | k2 | k3
     # reference: KL to the frozen start | rollout: to the policy that decoded the batch (TraceRL's code; no reference
     # model: 0 on an on-policy pass, it holds the inner steps near the rollout policy)
-    kl_to: str = "reference"
-    advantage: str = "grpo"  # grpo (r - mean) / std | drgrpo r - mean | rloo leave-one-out
-    loss_mask: str = "upto_first_eos"  # train on tokens up to and including the first stop, or "all" the canvas
+    kl_to: one_of(*KL_TARGETS) = "reference"
+    advantage: Advantage = "grpo"  # grpo (r - mean) / std | drgrpo r - mean | rloo leave-one-out
+    loss_mask: LossMask = "upto_first_eos"  # train on tokens up to and including the first stop, or "all" the canvas
     # which rollout groups train and how the step is refilled (off | pad | resample | drop; DynamicSampling)
     dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
 
@@ -174,11 +175,7 @@ class Algorithm(Declared):
             raise ValueError(f"clip epsilons must be >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-        for knob, value, allowed in (("advantage", self.advantage, ADVANTAGES + self.own_advantages),
-                                     ("loss_mask", self.loss_mask, LOSS_MASKS),
-                                     ("kl", self.kl, KL_ESTIMATORS), ("kl_to", self.kl_to, KL_TARGETS)):
-            if value not in allowed:
-                raise ValueError(f"Unknown {knob} {value!r}; known: {list(allowed)}")
+        check_choices(self)
         if self.kl_to == "rollout" and not self.uses_ratio:
             raise ValueError(f"kl_to rollout measures the KL to the rollout policy's log-probs; {self.name} scores "
                              "none (no ratio): use kl_to reference")

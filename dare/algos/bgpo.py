@@ -14,7 +14,7 @@ import torch
 
 from ..likelihood import MCElbo
 from . import register
-from .base import Algorithm
+from .base import Algorithm, LossMask
 from .core import clipped_ratio_loss
 
 
@@ -25,7 +25,7 @@ class BGPO(Algorithm):
 
     samples: int = 16  # K: MC samples of the ELBO
     stream: bool = True  # backpropagate one sample at a time (constant memory in K)
-    loss_mask: str = "all"  # the reference's masked-diffusion rollouts train the whole canvas
+    loss_mask: LossMask = "all"  # the reference's masked-diffusion rollouts train the whole canvas
 
     def streams(self, family, sampling) -> int:
         return self.samples if self.stream else 1

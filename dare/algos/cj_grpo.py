@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import one_of
 from ..likelihood import trajectory_blocks
 from ..sampling import step_budget
 from . import register
-from .base import StepGroups
+from .base import Advantage, LossMask, StepGroups
 
 AGGREGATIONS = ("step", "transition")
 
@@ -29,16 +30,11 @@ AGGREGATIONS = ("step", "transition")
 class CJGRPO(StepGroups):
     """CJ-GRPO: exact per-step transition log-probs along the recorded decoding trajectory."""
 
-    advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
-    loss_mask: str = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
+    advantage: Advantage = "drgrpo"  # paper: r - mean (DARE: grpo with std)
+    loss_mask: LossMask = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)
     # step: token mean per step, averaged over steps (paper) | transition: every sample's (block, step) transitions
     # weigh 1 in all, mean over samples (DARE's block families)
-    aggregation: str = "step"
-
-    def validate(self, family):
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"Unknown aggregation {self.aggregation!r}; known: {list(AGGREGATIONS)}")
-        return super().validate(family)
+    aggregation: one_of(*AGGREGATIONS) = "step"
 
     def streams(self, family, sampling) -> int:
         return step_budget(sampling, family)  # one per decoding step (block families: per step of a block)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..likelihood import Coupled
 from . import register
-from .base import Algorithm
+from .base import Advantage, Algorithm
 
 
 @register("coupled-grpo")
@@ -22,7 +22,7 @@ class CoupledGRPO(Algorithm):
     t_min: float = 0.2  # the pair's mask ratio t ~ U[t_min, t_max]
     t_max: float = 0.8
     p_prompt: float = 0.0  # probability of masking each prompt token (paper recipe: 0)
-    advantage: str = "rloo"  # paper: leave-one-out, no std (DARE: grpo)
+    advantage: Advantage = "rloo"  # paper: leave-one-out, no std (DARE: grpo)
 
     def validate(self, family):
         if not 0.0 < self.t_min <= self.t_max < 1.0:

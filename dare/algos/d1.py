@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from ..likelihood import MeanField
 from . import register
-from .base import Algorithm
+from .base import Advantage, Algorithm, LossMask
 
 
 @register("d1")
@@ -22,8 +22,8 @@ class D1(Algorithm):
     noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     p_prompt: float = 0.15  # probability of masking each real prompt token
-    advantage: str = "drgrpo"  # paper: r - mean (DARE: grpo with std)
-    loss_mask: str = "upto_first_eos"  # paper: completion up to and including the first stop (DARE: "all")
+    advantage: Advantage = "drgrpo"  # paper: r - mean (DARE: grpo with std)
+    loss_mask: LossMask = "upto_first_eos"  # paper: completion up to and including the first stop (DARE: "all")
 
     def validate(self, family):
         if not 0.0 <= self.p_prompt < 1.0:

@@ -21,7 +21,7 @@ import torch
 
 from ..sampling import step_budget
 from . import register
-from .base import StepGroups
+from .base import Advantage, LossMask, StepGroups
 
 
 def merged_steps(steps: torch.Tensor, total: int, groups: int) -> torch.Tensor:
@@ -36,8 +36,8 @@ class D2(StepGroups):
     """d2 StepMerge: the decoding path's steps merged into N groups, each scored from its starting canvas."""
 
     merge_groups: int = 8  # N forwards per sample (capped at the rollout's steps)
-    advantage: str = "drgrpo"  # the StepMerge code: r - mean
-    loss_mask: str = "upto_first_eos"
+    advantage: Advantage = "drgrpo"  # the StepMerge code: r - mean
+    loss_mask: LossMask = "upto_first_eos"
 
     def validate(self, family):
         if self.merge_groups < 1:

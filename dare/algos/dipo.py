@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..sampling import step_budget
 from . import register
-from .base import DynamicSampling, StepGroups
+from .base import Advantage, DynamicSampling, LossMask, StepGroups
 
 
 @register("dipo")
@@ -33,8 +33,8 @@ class DiPO(StepGroups):
 
     eps_high: float = 0.28  # the code's clip-higher
     dual_clip: float | None = None
-    advantage: str = "grpo"  # the code: group z-score
-    loss_mask: str = "upto_first_eos"
+    advantage: Advantage = "grpo"  # the code: group z-score
+    loss_mask: LossMask = "upto_first_eos"
     # DiRL's: groups with right and wrong answers, new prompts (2 x the step's a round) until the step is full of them
     dynamic_sampling: DynamicSampling = field(default_factory=lambda: DynamicSampling(
         mode="resample", keep="mixed", extra=2.0, rounds=10))

@@ -35,9 +35,10 @@ from typing import ClassVar
 
 import torch
 
+from ..config import one_of
 from ..likelihood import AntitheticElbo, MCElbo
 from . import register
-from .base import Algorithm, joined, split_into
+from .base import ADVANTAGES, Algorithm, LossMask, joined, split_into
 
 BASELINES = ("negative", "mean")
 TILTS = ("reference", "policy")
@@ -62,13 +63,14 @@ class DMPO(Algorithm):
 
     alpha: float = 0.1  # temperature of the tilt exp(r / alpha) (the code: 0.04 on rewards up to ~4)
     coeff: float = 1.0  # c = eta alpha / (eta alpha + 1) in (0, 1]: the proximal step (1: the code's default)
-    baseline: str = "negative"  # negative: a = w+ - w- (the code's main) | mean: a = w+ - 1/G
-    tilt: str = "reference"  # reference: p* ∝ p_ref exp(r/alpha) (paper) | policy: p* ∝ p_old exp(r/alpha)
+    baseline: one_of(*BASELINES) = "negative"  # negative: a = w+ - w- (the code's main) | mean: a = w+ - 1/G
+    tilt: one_of(*TILTS) = "reference"  # reference: p* ∝ p_ref exp(r/alpha) (paper) | policy: p* ∝ p_old exp(r/alpha)
     samples: int = 4  # mask draws per completion (the code: 4 replicates), one backward each; antithetic: even
-    masks: str = "antithetic"  # antithetic: Bernoulli masks and their complements (the code's) | stratified: MCElbo
+    # antithetic: Bernoulli masks and their complements (the code's) | stratified: MCElbo
+    masks: one_of(*MASKS) = "antithetic"
     num_iterations: int = 1  # the code: 8 optimiser steps per rollout
-    loss_mask: str = "all"  # the code masks the whole canvas, EOS padding included
-    advantage: str = "dmpo"  # a = w+ - w- (or w+ - 1/G), set after scoring
+    loss_mask: LossMask = "all"  # the code masks the whole canvas, EOS padding included
+    advantage: one_of("dmpo", *ADVANTAGES) = "dmpo"  # a = w+ - w- (or w+ - 1/G), set after scoring
 
     uses_ratio: ClassVar[bool] = False
     own_advantages: ClassVar[tuple[str, ...]] = ("dmpo",)
@@ -79,10 +81,6 @@ class DMPO(Algorithm):
                              f"{self.coeff}, {self.samples}")
         if self.masks == "antithetic" and self.samples % 2:
             raise ValueError(f"dmpo's antithetic masks come in pairs: samples must be even, got {self.samples}")
-        for knob, value, allowed in (("baseline", self.baseline, BASELINES), ("tilt", self.tilt, TILTS),
-                                     ("masks", self.masks, MASKS)):
-            if value not in allowed:
-                raise ValueError(f"Unknown dmpo {knob} {value!r}; known: {list(allowed)}")
         if self.beta:
             raise ValueError("dmpo has no KL term (the tilt toward the reference regularises it): beta must be 0")
         return super().validate(family)

@@ -20,11 +20,12 @@ from typing import ClassVar
 
 import torch
 
+from ..config import one_of
 from ..likelihood import EdgeTransition
 from ..sampling import schedule_length
 from ..sampling.primitives import after_first
 from . import register
-from .base import Algorithm
+from .base import ADVANTAGES, Algorithm, LossMask
 from .core import masked_stats
 
 
@@ -77,8 +78,8 @@ class DTreeRPO(Algorithm):
     eps_high: float = 0.4
     dual_clip: float | None = None  # the paper has no dual clip
     beta: float = 0.01  # k3 KL to the reference (the LoRA-disabled base in the paper's setup)
-    advantage: str = "tree"  # sibling leave-one-out of tree values, no std
-    loss_mask: str = "upto_first_eos"  # an edge's tokens up to the child's first stop token
+    advantage: one_of("tree", *ADVANTAGES) = "tree"  # sibling leave-one-out of tree values, no std
+    loss_mask: LossMask = "upto_first_eos"  # an edge's tokens up to the child's first stop token
 
     own_advantages = ("tree",)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..likelihood import BlockElbo
 from . import register
-from .base import SequenceLevel
+from .base import LossMask, SequenceLevel
 from .core import kl_estimate, log_clipped_loss
 
 
@@ -23,7 +23,7 @@ class EBPO(SequenceLevel):
     """EBPO: composite block ELBO, sequence-level log-domain clipping."""
 
     samples: int = 16  # MC rows of the composite ELBO
-    loss_mask: str = "all"
+    loss_mask: LossMask = "all"
 
     def estimator(self, family, sampling):
         return BlockElbo(self.samples, sampling.block_length or sampling.gen_length)  # masked: the semi-AR blocks

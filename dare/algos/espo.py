@@ -12,7 +12,7 @@ import torch
 
 from ..likelihood import SequenceElbo
 from . import register
-from .base import SequenceLevel
+from .base import KL, Advantage, LossMask, SequenceLevel
 from .core import clipped_ratio_loss
 
 
@@ -25,9 +25,9 @@ class ESPO(SequenceLevel):
     coupled: bool = True  # score the complementary positions too (the reference's reduce_var)
     num_iterations: int = 8
     beta: float = 1e-3  # k2 on the raw ELBO, divided by L (math; code 1e-2, countdown 3e-3, sudoku 1e-2)
-    kl: str = "k2"
-    advantage: str = "rloo"
-    loss_mask: str = "all"
+    kl: KL = "k2"
+    advantage: Advantage = "rloo"
+    loss_mask: LossMask = "all"
     dual_clip: float | None = None
 
     def validate(self, family):

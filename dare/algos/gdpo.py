@@ -24,7 +24,7 @@ import torch
 
 from ..likelihood import QuadratureElbo
 from . import register
-from .base import SequenceLevel
+from .base import Advantage, LossMask, SequenceLevel
 from .core import clipped_ratio_loss, kl_estimate
 
 
@@ -37,8 +37,8 @@ class GDPO(SequenceLevel):
 
     points: int = 3  # quadrature nodes of the time integral (the paper: 2-3; its published recipe: 3)
     per_point: int = 1  # masks drawn per node (forwards per ELBO = points x per_point)
-    advantage: str = "drgrpo"  # paper: r - mean
-    loss_mask: str = "upto_first_eos"
+    advantage: Advantage = "drgrpo"  # paper: r - mean
+    loss_mask: LossMask = "upto_first_eos"
     dual_clip: float | None = None
 
     def validate(self, family):

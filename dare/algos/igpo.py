@@ -27,9 +27,10 @@ from typing import ClassVar
 
 import torch
 
+from ..config import one_of
 from ..likelihood import MeanField
 from . import register
-from .base import Algorithm
+from .base import Advantage, Algorithm, LossMask
 from .core import clipped_ratio_loss, kl_estimate, masked_stats, token_mean
 
 RATIO_LEVELS = ("sequence", "token")
@@ -77,17 +78,15 @@ class IGPO(Algorithm):
     p_prompt: float = 0.0  # d1's prompt masking in the likelihood (the code: none)
     # sequence: GSPO's ratio, exp of the row's mean log-ratio over its loss tokens (the authors' run: use_gspo) |
     # token: one ratio per token
-    ratio_level: str = "sequence"
-    advantage: str = "drgrpo"  # the code: r - mean
-    loss_mask: str = "all"
+    ratio_level: one_of(*RATIO_LEVELS) = "sequence"
+    advantage: Advantage = "drgrpo"  # the code: r - mean
+    loss_mask: LossMask = "all"
 
     def validate(self, family):
         if not 0 <= self.hint_low <= self.hint_high <= 1:
             raise ValueError(f"need 0 <= hint_low <= hint_high <= 1, got {self.hint_low}, {self.hint_high}")
         if not 1 <= self.chunk_min <= self.chunk_max:
             raise ValueError(f"need 1 <= chunk_min <= chunk_max, got {self.chunk_min}, {self.chunk_max}")
-        if self.ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"Unknown igpo ratio_level {self.ratio_level!r}; known: {list(RATIO_LEVELS)}")
         if self.free_tail < 0 or not 0 <= self.replace_fraction <= 1:
             raise ValueError(f"need free_tail >= 0 and 0 <= replace_fraction <= 1, got {self.free_tail}, "
                              f"{self.replace_fraction}")

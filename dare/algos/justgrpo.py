@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from ..likelihood import Autoregressive
 from . import register
-from .base import Algorithm
+from .base import Algorithm, LossMask
 
 
 @register("justgrpo")
@@ -23,7 +23,7 @@ class JustGRPO(Algorithm):
     needs_sampler: ClassVar[str] = "a left-to-right decoding of one token per step, scored exactly as drawn"
 
     chunk: int = 1  # positions scored per forward / backward
-    loss_mask: str = "all"
+    loss_mask: LossMask = "all"
 
     def rollout_sampling(self, family, config):
         one_per_step = dict(remasking="left_to_right", schedule="linear", threshold=None, factor=None, top_k=None,

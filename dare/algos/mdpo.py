@@ -17,10 +17,11 @@ from typing import ClassVar
 
 import torch
 
+from ..config import one_of
 from ..likelihood import StepPrediction
 from ..sampling import schedule_length
 from . import register
-from .base import Algorithm
+from .base import ADVANTAGES, KL, Algorithm, LossMask
 from .core import masked_stats
 
 
@@ -59,10 +60,10 @@ class MDPO(Algorithm):
 
     train_steps: int = 16  # K: denoising steps trained per rollout (those with the largest total |advantage|)
     adv_eps: float = 1e-4  # per-step normalisation epsilon (paper 1e-4; DARE 1e-6)
-    advantage: str = "step"  # MDPO's own per-step normalised scores
-    loss_mask: str = "all"  # positions masked at the step, EOS tail included
+    advantage: one_of("step", *ADVANTAGES) = "step"  # MDPO's own per-step normalised scores
+    loss_mask: LossMask = "all"  # positions masked at the step, EOS tail included
     dual_clip: float | None = None  # plain PPO clip (the paper has no dual clip)
-    kl: str = "k2"  # the paper's (ℓ_ref - ℓ)² / 2, with beta (paper 0)
+    kl: KL = "k2"  # the paper's (ℓ_ref - ℓ)² / 2, with beta (paper 0)
 
     own_advantages = ("step",)
 

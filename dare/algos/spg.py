@@ -15,7 +15,7 @@ import torch
 
 from ..likelihood import Sandwich
 from . import register
-from .base import Algorithm
+from .base import Advantage, Algorithm
 
 
 @register("spg")
@@ -28,7 +28,7 @@ class SPG(Algorithm):
     renyi_beta: float = 1.5  # order of the upper bound (paper: 1.0 for sudoku)
     upper_weight: float = 0.5  # A <= 0 uses upper_weight * upper + (1 - upper_weight) * lower (1: pure upper bound)
     p_prompt: float = 0.15
-    advantage: str = "drgrpo"
+    advantage: Advantage = "drgrpo"
 
     uses_ratio: ClassVar[bool] = False
 

@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import one_of
 from ..likelihood import canvas_before, token_values, trajectory_blocks
 from ..sampling import step_budget
 from . import register
-from .base import DynamicSampling, StepGroups, ValueSettings, joined, split_into
+from .base import KL_TARGETS, Advantage, DynamicSampling, LossMask, StepGroups, ValueSettings, joined, split_into
 
 
 def step_gae(order: torch.Tensor, live: torch.Tensor, values: torch.Tensor, reward: torch.Tensor, gamma: float,
@@ -83,11 +84,12 @@ class TraceRL(StepGroups):
     """TraceRL: PPO on the inference trace, s consecutive steps merged."""
 
     shrink: int = 1  # s: consecutive decoding steps scored as one (the authors' block families: 1; LLaDA/Dream: 8)
-    advantage: str = "grpo"  # the code: group z-score (with a value model: r̂, the reward of the trace's last step)
-    loss_mask: str = "upto_first_eos"
+    # the code: group z-score (with a value model: r̂, the reward of the trace's last step)
+    advantage: Advantage = "grpo"
+    loss_mask: LossMask = "upto_first_eos"
     dual_clip: float | None = None  # the code: none
     beta: float = 0.01  # the code's k3 KL ...
-    kl_to: str = "rollout"  # ... to the rollout policy
+    kl_to: one_of(*KL_TARGETS) = "rollout"  # ... to the rollout policy
     # the code: groups with accuracy above 0.8 or below 0.2 leave the loss (no refill)
     dynamic_sampling: DynamicSampling = field(default_factory=lambda: DynamicSampling(mode="drop", keep="accuracy"))
     value: ValueSettings = field(default_factory=ValueSettings)  # value.model: policy switches the value model on

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..config import check_choices, one_of
 from ..likelihood import MCElbo
 from . import register
 from .base import Declared
@@ -33,7 +34,7 @@ class VRPO(Declared):
 
     beta: float = 0.2  # DPO beta (DARE 0.2)
     samples: int = 4  # K: masks per response, one per stratified timestep (DARE mc_num 4)
-    normalise: str = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)
+    normalise: one_of(*NORMALISE) = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)
     stream: bool = True  # one draw's activations alive at a time (recomputed in backward); False: all K in one graph
 
     trainer: ClassVar[str] = "preference"  # fixed pairs instead of rollouts (dare.trainers.preference)
@@ -47,8 +48,7 @@ class VRPO(Declared):
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.normalise not in NORMALISE:
-            raise ValueError(f"Unknown normalise {self.normalise!r}; known: {list(NORMALISE)}")
+        check_choices(self)
         return self
 
     def estimator(self, family, sampling=None) -> MCElbo:

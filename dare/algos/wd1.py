@@ -27,7 +27,7 @@ import torch
 
 from ..likelihood import MeanField
 from . import register
-from .base import Algorithm
+from .base import Advantage, Algorithm, LossMask
 from .core import kl_estimate, masked_stats, token_mean
 
 
@@ -50,8 +50,8 @@ class WD1(Algorithm):
     p_prompt: float = 0.15  # probability of masking each real prompt token (d1's estimate)
     psi: float = 1.0  # inverse temperature of the group softmax over advantages
     negative: bool = True  # the negative-sample term -w- (False: the positive term alone, the paper's PSR)
-    advantage: str = "drgrpo"  # paper: r - mean
-    loss_mask: str = "upto_first_eos"
+    advantage: Advantage = "drgrpo"  # paper: r - mean
+    loss_mask: LossMask = "upto_first_eos"
 
     uses_ratio: ClassVar[bool] = False
 

@@ -7,7 +7,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from ..config import check_choices, one_of
 from .primitives import CONFIDENCE, THRESHOLD_RULES, ascending_steps
+
+Remasking = one_of(*sorted([*CONFIDENCE, "origin"]), optional=True)
+Cache = one_of("none", "prefix", "dual", "block", optional=True)
 
 PROBABILITIES = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
 # The fastest decoding that kept its quality in DARE's measurements (docs/benchmarks.md, "The rollout's share of an RL
@@ -30,10 +34,10 @@ class SamplingConfig:
     top_k: int | None = None  # sample among the k most likely tokens (None = all)
     top_p: float | None = None  # nucleus sampling: the smallest set of tokens with this much probability (None = all)
     # confidence used to pick positions (CONFIDENCE, + "origin" for Dream); None = family's
-    remasking: str | None = None
+    remasking: Remasking = None
     # tokens per step: "linear" (LLaDA even split), "dream" (floor(m*(1-s/t))) or "ascending" (2^j, CJ-GRPO's ASS;
     # default steps log2(block+1)); None = family's
-    schedule: str | None = None
+    schedule: one_of("linear", "dream", "ascending", optional=True) = None
     eps: float = 1e-3  # Dream schedule: final noise level of linspace(1, eps, steps+1)
     alg_temp: float | None = None  # Dream: sample positions from softmax(conf/alg_temp) instead of top-n
     # parallel decoding: commit the positions threshold_rule admits (a probability; Dream then uses maskgit_plus)
@@ -41,10 +45,10 @@ class SamplingConfig:
     # "one": all >= threshold, at least one | "schedule": all > threshold if the step's count pass, else the top count |
     # "quota": top (share + carried), first always, rest if >= threshold; None = family's official (LLaDA one, Dream
     # quota, SDAR/LLaDA2 schedule)
-    threshold_rule: str | None = None
+    threshold_rule: one_of(*sorted(THRESHOLD_RULES), optional=True) = None
     factor: float | None = None  # Fast-dLLM dynamic parallel decoding: commit c_n >= 1 - factor/(n+1)
     # masked: "none" (default), "prefix" or "dual" (Fast-dLLM); block: "block" (default) or "none"
-    cache: str | None = None
+    cache: Cache = None
     # dual cache: also recompute this many positions on each side of the block at every step (dInfer's vicinity
     # refresh: the K/V next to the block, the stalest, are fresh; 0: Fast-dLLM's dual cache)
     vicinity: int = 0
@@ -80,21 +84,15 @@ class SamplingConfig:
                        threshold_rule=self.threshold_rule or family.threshold_rule)
 
     def validate(self):
-        known = sorted([*CONFIDENCE, "origin"])
-        if self.remasking not in known:
-            raise ValueError(f"Unknown remasking algorithm {self.remasking!r}; known: {known}")
-        if self.schedule not in ("linear", "dream", "ascending"):
-            raise ValueError(f"Unknown schedule {self.schedule!r}; known: ['ascending', 'dream', 'linear']")
+        if None in (self.remasking, self.schedule, self.threshold_rule):
+            raise ValueError("validate a resolved config: resolve(family) fills remasking, schedule, threshold_rule")
+        check_choices(self)
         if self.eos_early_rejection is not None:
             if not 0 < self.eos_early_rejection <= 1:
                 raise ValueError(f"eos_early_rejection must be in (0, 1], got {self.eos_early_rejection}")
             if self.remasking not in PROBABILITIES:
                 raise ValueError("eos_early_rejection scales a probability confidence: use remasking "
                                  f"low_confidence, maskgit_plus or margin (got {self.remasking!r})")
-        if self.cache not in (None, "none", "prefix", "dual", "block"):
-            raise ValueError(f"Unknown cache {self.cache!r}; known: ['block', 'dual', 'none', 'prefix']")
-        if self.threshold_rule not in THRESHOLD_RULES:
-            raise ValueError(f"Unknown threshold_rule {self.threshold_rule!r}; known: {sorted(THRESHOLD_RULES)}")
         if self.gen_length <= 0:
             raise ValueError(f"gen_length must be positive, got {self.gen_length}")
         if not self.temperature >= 0:  # NaN too
@@ -161,8 +159,8 @@ class SamplingOverrides:
     threshold: float | None = None  # parallel decoding confidence threshold
     top_p: float | None = None  # nucleus sampling (1.0 = off)
     top_k: int | None = None  # top-k sampling
-    remasking: str | None = None  # confidence that picks positions
-    cache: str | None = None  # masked: none | prefix | dual; block: block | none
+    remasking: Remasking = None  # confidence that picks positions
+    cache: Cache = None  # masked: none | prefix | dual; block: block | none
     vicinity: int | None = None  # dual cache: positions recomputed on each side of the block
 
     def over(self, base: SamplingConfig) -> SamplingConfig:
