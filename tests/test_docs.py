@@ -23,19 +23,34 @@ def test_every_page_is_in_the_navigation():
     assert nav == {p.name for p in DOCS.glob("*.md")}
 
 
+def run_in_order(lines: list[str], tmp_path) -> list[str]:
+    """Run each command line as written, every ``outputs/...`` argument moved into ``tmp_path``; their stdouts."""
+    outs = []
+    for line in lines:
+        argv = [str(tmp_path / a) if a.startswith("outputs/") else a for a in shlex.split(line.split("  #")[0])[1:]]
+        res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert res.returncode == 0, (line, res.stderr[-2000:])
+        outs.append(res.stdout)
+    return outs
+
+
 def test_the_getting_started_commands_run_as_written(tmp_path):
     """SFT, RL and evaluation of the RL output, in order, their output folders moved into ``tmp_path``."""
     page = (DOCS / "getting-started.md").read_text()
     lines = [line for line in page.splitlines() if line.startswith(("python train_", "python evaluate.py"))]
     assert [shlex.split(line)[1] for line in lines] == ["train_sft.py", "train_rl.py", "evaluate.py"]
-    for line in lines:
-        argv = shlex.split(line.split("  #")[0])[1:]
-        for flag in ("--output-dir", "--model"):
-            if flag in argv and argv[argv.index(flag) + 1].startswith("outputs/"):
-                argv[argv.index(flag) + 1] = str(tmp_path / argv[argv.index(flag) + 1])
-        res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert res.returncode == 0, (line, res.stderr[-2000:])
+    run_in_order(lines, tmp_path)
     assert (tmp_path / "outputs" / "rl-task" / "model.safetensors").exists()
+
+
+def test_base_and_adapter_compare_in_one_report(tmp_path):
+    """docs/evaluation.md: a LoRA run, the base and its adapter folder evaluated, one table of both."""
+    section = (DOCS / "evaluation.md").read_text().split("# Base vs adapter")[1].split("\n# ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("python ")]
+    assert len(lines) == 4
+    table = run_in_order(lines, tmp_path)[-1]
+    assert "| benchmark | base | lora |" in table and "sft-lora" in table, table
+    assert (tmp_path / "outputs" / "base-vs-lora.png").stat().st_size > 0
 
 
 def test_the_multi_gpu_page_shows_each_recipes_own_launch_line():
