@@ -43,8 +43,8 @@ class Args:
     """Evaluate, chat with, or generate from a diffusion LM."""
 
     model: str = ""  # hub name, local folder, or tiny:<family>
-    # what decodes: hf (DARE's samplers in-process, every family) | sglang (block families, SGLang's environment; README
-    # "SGLang")
+    # what decodes: hf (DARE's samplers in-process, every family) | sglang (block families, SGLang's environment;
+    # docs/sglang.md)
     engine: str = "hf"
     prompt: str | None = None  # generate for this prompt and exit; omit for an interactive chat
     system: str | None = None  # optional system message

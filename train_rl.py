@@ -47,8 +47,8 @@ class Args:
     prompts_per_step: int = 16  # prompts per rollout batch, all processes (offline: pairs per optimiser step)
     micro_batch_size: int = 8  # completions per forward/backward on one device
     rollout: SamplingConfig = field(default_factory=lambda: SamplingConfig(gen_length=256, temperature=0.6))
-    # what decodes rollouts and validation: hf (DARE's samplers, every family) | sglang (block families; README
-    # "SGLang"; its --sglang.* section)
+    # what decodes rollouts and validation: hf (DARE's samplers, every family) | sglang (block families; docs/sglang.md;
+    # its --sglang.* section)
     rollout_engine: str = "hf"
     validation: SamplingOverrides = field(default_factory=SamplingOverrides)  # the rollout's decoding, these replaced
     rollout_batch_size: int = 64  # completions the engine decodes together
@@ -90,8 +90,8 @@ class Args:
     # compact: one line per step (loss, reward, acc, kl, lr, s/step) | full: every metric
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
-    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
-    # "Scripts: recipes, flags, errors, logs": what may change)
+    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings
+    # (docs/training.md "Recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     # a fresh run into an output_dir holding another run: delete its checkpoints, model and logs (default: refuse)

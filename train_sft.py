@@ -63,8 +63,8 @@ class Args:
     # compact: one line per logged step (loss, grad norm, lr, s/step) | full: every metric
     console: Literal["compact", "full"] = "compact"
     seed: int = 42  # seeds data order, masks and sampling
-    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings (README
-    # "Scripts: recipes, flags, errors, logs": what may change)
+    # continue from the newest complete checkpoint in output_dir, refused if it was made with other settings
+    # (docs/training.md "Recipes, flags, errors, logs": what may change)
     resume: bool = False
     resume_must: bool = False  # with --resume: fail when output_dir has no complete checkpoint (default: start anew)
     # a fresh run into an output_dir holding another run: delete its checkpoints, model and logs (default: refuse)

@@ -9,7 +9,7 @@ step; or a confidence threshold), the dual cache with dInfer's vicinity refresh 
     python bench/bench_rl.py --model outputs/quickstart/sft   # a trained model (thresholds then commit in parallel)
     python bench/bench_rl.py --model outputs/standin-llada --task cycle --prompts 4 --generations 4 --gen-length 128
     python bench/bench_rl.py --model outputs/standin-llada outputs/standin-sdar --task cycle --prompts 4 \
-        --generations 4 --gen-length 128 --variants plain fast     # the README's rollout share, before and after
+        --generations 4 --gen-length 128 --variants plain fast  # docs/benchmarks.md: the rollout share, before/after
     python bench/bench_rl.py --families llada --variants cache --modes sync ahead --threads 1   # decode ahead
 
 Each (family, variant) trains ``--warmup + --steps`` steps of train_rl.py in a forked child on generated

@@ -1,6 +1,6 @@
 """The hf and sglang engines on the same prompts: tokens/s, identical greedy tokens, and RL steps with weight sync.
 
-    python bench/bench_sglang.py                       # a GPU, in SGLang's environment (README "SGLang"): ~1B models
+    python bench/bench_sglang.py                       # a GPU, SGLang's environment (docs/sglang.md): ~1B models
     python bench/bench_sglang.py --size tiny --prompts 4 --gen-length 16 --rl-steps 2 --rl-prompts 2  # smoke (CPU)
 
 For each of SDAR and LLaDA2 (MoE) a random checkpoint is built locally (no download; the official vocabularies, since

@@ -1,6 +1,6 @@
 r"""The GPU check, one command: for a random ~1B-parameter model of every family, built here (no download), one table
 of bf16 numerics, decoding speed, and SFT / RL step time and peak memory (257 s on one H200 with `--lengths 256 512`;
-the README's "On a GPU" has that table).
+docs/benchmarks.md "On a GPU" has that table).
 
     # here, once (a GPU machine with torch but no network: the wheels it lacks):
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

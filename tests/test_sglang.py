@@ -255,7 +255,7 @@ def test_without_sglang_the_engine_says_where_it_lives(tmp_path):
     from dare.models import save_tiny
     model, tok, family = parts("sdar")
     folder = save_tiny("sdar", tmp_path / "sdar", vocab_size=151936, mask_token_id=151669)
-    with pytest.raises(ValueError, match="SGLang is not installed in this environment.*README 'SGLang'"):
+    with pytest.raises(ValueError, match="SGLang is not installed in this environment.*docs/sglang\\.md"):
         SGLangEngine(folder, tok, replace(family, mask_id=151669))
     with pytest.raises(ValueError, match="fixes SDARForCausalLM's mask token to id 151669, this checkpoint's is 1"):
         SGLangEngine(save_tiny("sdar", tmp_path / "plain"), tok, family)

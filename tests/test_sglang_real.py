@@ -1,4 +1,4 @@
-"""The sglang engine on SGLang's real Engine, in SGLang's own environment (README "SGLang"); skipped elsewhere.
+"""The sglang engine on SGLang's real Engine, in SGLang's own environment (docs/sglang.md); skipped elsewhere.
 
 On a machine without a GPU SGLang runs its plain-PyTorch path (``device="cpu"``, torch_native attention, no CUDA
 graphs; ``dare.engines.sglang.cpu_import_shim`` stubs the one vllm import it makes). Tiny SDAR and LLaDA2 checkpoints
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("sglang", reason="SGLang lives in its own environment: README 'SGLang', requirements-sglang.txt")
+pytest.importorskip("sglang", reason="SGLang lives in its own environment: docs/sglang.md, requirements-sglang.txt")
 if not any(e.value.startswith("dare.") for e in importlib.metadata.entry_points(group="sglang.srt.plugins")):
     pytest.skip("DARE's SGLang plugin is not installed here: pip install --no-deps -e . in SGLang's environment",
                 allow_module_level=True)
@@ -207,10 +207,10 @@ def test_sampling_gives_distinct_seeded_completions(served):
 
 
 def test_readme_sglang_lines_run(tmp_path):
-    """The README's `python ... sglang` lines as written, the hub model swapped for a tiny checkpoint of its family,
+    """docs/sglang.md's `python ... sglang` lines as written, the hub model swapped for a tiny checkpoint of its family,
     the data for a generated task and the lengths cut short."""
     import shlex
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "sglang.md").read_text()
     lines = [ln for ln in readme.splitlines() if ln.startswith("python ") and "engine sglang" in ln]
     assert len(lines) == 2
     path = build("sdar", tmp_path / "sdar")

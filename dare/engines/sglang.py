@@ -1,5 +1,5 @@
 """The ``sglang`` engine: block-diffusion rollouts and evaluation on SGLang's offline ``Engine`` (SDAR, SDAR-MoE,
-LLaDA2.x), in SGLang's own environment (README "SGLang"; ``requirements-sglang.txt``).
+LLaDA2.x), in SGLang's own environment (docs/sglang.md "SGLang engine"; ``requirements-sglang.txt``).
 
     engine = SGLangEngine("path/to/sdar", tokenizer, family, SGLangOptions())
     rollout = engine.generate(prompts, n=8, config=SamplingConfig(temperature=1.0), seed=0)
@@ -214,7 +214,7 @@ class SGLangEngine(Engine):
             import sglang
         except ImportError:
             raise ValueError("engine sglang: SGLang is not installed in this environment; it needs its own "
-                             "(README 'SGLang', requirements-sglang.txt)") from None
+                             "(docs/sglang.md, requirements-sglang.txt)") from None
         cpu_import_shim()
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="dare-sglang-", delete=False) as f:
             f.write(f"block_size: {family.block_size}\n")  # the checkpoint's, not SGLang's per-architecture default

@@ -1,4 +1,5 @@
-"""OpenCompass model class for every DARE family (optional extra; see the README for installing it beside trl).
+"""OpenCompass model class for every DARE family (optional extra; docs/evaluation.md "OpenCompass": installing it
+beside trl).
 
 In an OpenCompass config:
 

@@ -10,7 +10,7 @@ them with the source of every value).
   low-confidence remasking; Countdown on its 256 puzzles and Sudoku on 256 of the 500 (numpy seed 42, as d1 draws
   them); Sudoku's metric is d1's: empty cells filled correctly over all puzzles. Answers are read as d1's parser
   means to (box, else ``<answer>`` span) by DARE's rewards, which also read what d1's misses (thousands separators,
-  negative answers, equivalent forms: ``README.md`` "Reproducing published numbers").
+  negative answers, equivalent forms: ``docs/evaluation.md`` "Reproducing published numbers").
 
 d1 pads a batch of 8 prompts (4 at 512 tokens) on the left and decodes without an attention mask (the pads are
 attended); DARE masks them, so a prompt that d1 padded may decode differently.

@@ -9,7 +9,7 @@ only if every test ran and passed, else 0.0 (missing code or tests -> 0). Test f
   HumanEval problems). A completion may restate the whole function or give only the body: both run.
 
 The tests cannot be forged: they run in the judge (``code_judge.py``), a process apart from the candidate's code,
-which calls the candidate's functions through pipes and gets literal values back (README "Code sandbox").
+which calls the candidate's functions through pipes and gets literal values back (docs/sandbox.md "Code sandbox").
 
 Extraction: a single fenced block is the program; with several, the first containing ``def``, else the last;
 no fence -> the completion itself (MBPP's ``[BEGIN] ... [DONE]`` markers are cut). ``if __name__ == "__main__":``

@@ -44,7 +44,7 @@ class Args:
     rl_steps: int = 90  # rollout batches of 16 prompts x 8 completions (offline algorithms: steps of 16 pairs)
     learning_rate: float = 1e-3  # RL, constant
     offline_learning_rate: float = 1e-4  # offline preference optimisation (vrpo), on the SFT model's own mistakes
-    prompt_masking: float = 0.0  # p_prompt of algorithms that mask prompt tokens (d1, spg: 0.15 by default, see README)
+    prompt_masking: float = 0.0  # p_prompt where prompt tokens are masked (d1, spg: 0.15; docs/getting-started.md)
     num_iterations: int | None = 1  # passes over each rollout batch (None: the algorithm's, espo 8, d-treerpo 12)
     questions: int = 800  # held-out questions
     samples: int = 8  # T = 1 completions per held-out question

@@ -3,7 +3,7 @@
 An executor runs the job: ``local`` (``local.py``: namespaces, a cgroup or a memory watchdog, rlimits, on this
 machine) unless ``DARE_SANDBOX_EXECUTOR`` or ``run(..., executor=)`` names another; executor ``name`` is the
 module ``name.py`` of this package, registered with ``@register_executor(name)``, so a remote service is one new
-file. What each isolation mode contains, and what it does not, is in the README ("Code sandbox"). Without any
+file. What each isolation mode contains, and what it does not, is in docs/sandbox.md ("Code sandbox"). Without any
 isolation the local executor refuses (``SandboxUnavailable``) unless ``DARE_SANDBOX_UNSAFE=1`` or
 ``ALLOW_UNSAFE = True``. Standard library only, relative imports only: the tests run a copy as an ordinary user.
 """
