@@ -100,6 +100,21 @@ class Args:
     log_completions: int = 2  # completions per rollout written to output_dir/completions.jsonl (0: none)
 
 
+# --help: the algorithm's own knobs first, then the run's flags by theme (--help-full: tyro's whole help)
+HELP_GROUPS = {
+    "the algorithm (--algo-config.*; python -m dare.algos NAME)": "algo algo_config preference",
+    "model": "model dtype attn_implementation lora export_merged",
+    "data and rewards": "data rewards truncated_is_wrong reward_workers",
+    "rollouts (docs/decoding.md)": "num_generations prompts_per_step rollout rollout_engine rollout_batch_size "
+                                   "rollout_mode validation sglang",
+    "optimisation": "learning_rate optim weight_decay adam_beta1 adam_beta2 max_grad_norm lr_scheduler_type "
+                    "warmup_steps max_steps num_train_epochs micro_batch_size bf16 gradient_checkpointing "
+                    "sequence_parallel pack seed",
+    "output, logs, resume (docs/outputs.md)": "output_dir logging_steps save_steps save_total_limit eval_steps "
+                                              "eval_on_start report_to console log_completions resume resume_must "
+                                              "overwrite_output_dir"}
+
+
 def args_class(algo: str):
     """``Args`` with the algorithm's knobs as the ``algo_config`` section (and its trainer's data section)."""
     algorithm = get_algorithm(algo)
@@ -222,4 +237,4 @@ def main(args: Args) -> "DiffusionRLTrainer | PreferenceTrainer":  # noqa: F821
 
 
 if __name__ == "__main__":
-    run(main, lambda: parse(args_class(peek("algo", default="d1"))))
+    run(main, lambda: parse(args_class(peek("algo", default="d1")), groups=HELP_GROUPS))

@@ -72,6 +72,18 @@ class Args:
     export_merged: bool = True  # LoRA: also write output_dir/merged, a plain HF folder with the official key names
 
 
+# --help: the flags by theme (--help-full: tyro's whole help)
+HELP_GROUPS = {
+    "model": "model dtype attn_implementation lora export_merged",
+    "data": "data",
+    "optimisation": "learning_rate weight_decay adam_beta1 adam_beta2 warmup_steps lr_scheduler_type max_grad_norm "
+                    "num_train_epochs max_steps stop_at_loss per_device_train_batch_size gradient_accumulation_steps "
+                    "group_by_length bf16 gradient_checkpointing sequence_parallel seed",
+    "held-out evaluation": "eval_steps eval_generate eval_sampling eval_rewards",
+    "output, logs, resume (docs/outputs.md)": "output_dir logging_steps save_steps save_total_limit report_to console "
+                                              "resume resume_must overwrite_output_dir"}
+
+
 def main(args: Args):
     # imported here, not at the top, so that --help answers at once (transformers and peft take seconds)
     import torch
@@ -160,4 +172,4 @@ def held_out_generation(args: Args, tokenizer, family, positions: int | None) ->
 
 
 if __name__ == "__main__":
-    run(main, lambda: parse(Args))
+    run(main, lambda: parse(Args, groups=HELP_GROUPS))

@@ -14,6 +14,7 @@ import argparse
 import atexit
 import dataclasses
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -152,9 +153,10 @@ def peek(key: str, argv: list[str] | None = None, default=None):
     return default
 
 
-def parse(cls, argv: list[str] | None = None, config: tuple = ()):
+def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[str, str] | None = None):
     """``--config FILE`` (YAML, keys = field names, nested sections for nested dataclasses) sets the defaults;
-    every field is also a flag."""
+    every field is also a flag. With ``groups`` (a title -> the space-separated fields it shows, sections included),
+    ``--help`` prints one line per flag under those titles and ``--help-full`` tyro's whole help."""
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
@@ -162,8 +164,61 @@ def parse(cls, argv: list[str] | None = None, config: tuple = ()):
     default = cls()
     if known.config:
         default = _apply(default, load_recipe(known.config), known.config)
+    if groups and not {"-h", "--help"}.isdisjoint(rest):
+        print(short_help(default, groups))
+        sys.exit(0)
+    rest = ["--help" if a == "--help-full" else a for a in rest]
     return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")
+
+
+def short_help(args, groups: dict[str, str]) -> str:
+    """``--help`` a person reads: the script's purpose, then each group's flags one line each (choices, default,
+    the help cut to the terminal's width; fields no group names come last, under "other"); ``--help-full`` has it
+    all."""
+    width = max(100, shutil.get_terminal_size((120, 24)).columns)
+    prog = os.path.basename(sys.argv[0])
+    lines = [f"usage: {prog} [--config RECIPE.yaml] [--FLAG VALUE ...]", "", (type(args).__doc__ or "").strip(), "",
+             "--config FILE: a YAML recipe that sets the defaults (keys = the flags' names). Every flag with its whole",
+             "help: --help-full; the pages: docs/training.md."]
+    named = {name for fields in groups.values() for name in fields.split()}
+    rest = " ".join(f.name for f in dataclasses.fields(args) if f.name not in named)
+    for title, fields in {**groups, **({"other": rest} if rest else {})}.items():
+        lines += ["", f"{title}:"]
+        for name in (n for n in fields.split() if hasattr(args, n)):  # sections a script may lack (preference)
+            for flag, default, text in _flags(args, name, ""):
+                line = f"  {flag:<44} {default:>12}"
+                room = width - len(line) - 2
+                text = text if len(text) <= room else text[:max(0, room - 1)].rstrip() + "…"
+                lines.append(f"{line}  {text}".rstrip() if room > 8 else line)
+    return "\n".join(lines)
+
+
+def _flags(owner, name: str, prefix: str) -> list[tuple[str, str, str]]:
+    """``(flag with its choices or type, default, help)`` for field ``name`` of ``owner``, a section's each."""
+    value = getattr(owner, name)
+    if dataclasses.is_dataclass(value):
+        return [flag for f in dataclasses.fields(value) for flag in _flags(value, f.name, f"{prefix}{name}.")]
+    kind = typing.get_type_hints(type(owner), include_extras=True).get(name)
+    choices = [m.values for m in getattr(kind, "__metadata__", ()) if isinstance(m, OneOf)]
+    aliases = [a for m in getattr(kind, "__metadata__", ()) for a in getattr(m, "aliases", None) or ()]
+    while typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    if typing.get_origin(kind) is typing.Literal:
+        choices = [typing.get_args(kind)]
+    options = [a for a in typing.get_args(kind) if a is not type(None)]
+    optional = typing.get_origin(kind) in (typing.Union, types.UnionType) and len(options) < len(typing.get_args(kind))
+    base = options[0] if optional and len(options) == 1 else kind
+    shown = ("{" + ",".join(map(str, choices[0])) + "}" if choices else "" if base is bool
+             else getattr(typing.get_origin(base) or base, "__name__", "VALUE").upper())
+    flag = ", ".join(["--" + f"{prefix}{name}".replace("_", "-"), *aliases]) + (f" {shown}" if shown else "") + (
+        "|None" if optional else "")
+    try:  # the field's comment, as tyro reads it for --help-full
+        from tyro._docstrings import get_field_docstring
+        text = get_field_docstring(type(owner), name, ()) or ""
+    except Exception:  # a tyro without that helper: the flags and defaults alone
+        text = ""
+    return [(flag, repr(value), " ".join(text.split()))]
 
 
 # What a user's input can cause (a bad value, a missing file, column or hub name): a one-line error, not a traceback.

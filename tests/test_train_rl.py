@@ -2,6 +2,7 @@
 the KL reference (frozen copy and LoRA-disabled base), micro-batch invariance, and clear errors."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -154,8 +155,29 @@ def test_help_lists_the_algorithm_knobs():
     for flag in ("--algo-config.p-prompt", "--algo-config.num-iterations", "--rollout.temperature", "--rewards"):
         assert flag in result.stdout, flag
     for flag in ("--algo-config.advantage {drgrpo,grpo,rloo}", "--algo-config.kl-to {reference,rollout}",
-                 "--rollout.cache {None,none,prefix,dual,block}", "--algo-config.dynamic-sampling.mode {off,pad,"):
+                 "--rollout.cache {none,prefix,dual,block}|None", "--algo-config.dynamic-sampling.mode {off,pad,"):
         assert flag in result.stdout, flag  # the enumerated knobs show their choices
+
+
+@pytest.mark.parametrize("argv", [["train_rl.py", "--algo", "cj-grpo"], ["train_rl.py", "--algo", "vrpo"],
+                                  ["train_sft.py"]], ids=lambda a: " ".join(a))
+def test_help_is_grouped_short_and_loses_no_flag(argv):
+    """--help: one line per flag under themed titles, the algorithm's knobs first, under 200 lines; every flag of
+    --help-full (tyro's whole help) is there, and no field is left to an "other" group."""
+    import re
+    short, full = (subprocess.run([sys.executable, *argv, flag], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "COLUMNS": "120"}).stdout for flag in ("--help", "--help-full"))
+    lines = short.splitlines()
+    print(f"{' '.join(argv)} --help: {len(lines)} lines (--help-full {len(full.splitlines())})")
+    assert len(lines) <= 200 and max(map(len, lines)) <= 200
+    flags = lambda text: {f.replace("--no-", "--").replace(".no-", ".")  # a switch's negation: the same flag
+                          for f in re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", text)}
+    declared = "\n".join(line[2:].split("  ")[0] for line in full.splitlines() if line.startswith("│ --"))
+    assert flags(declared) - {"--help"} <= flags(short), flags(declared) - flags(short)
+    assert "\nother:" not in short
+    if "train_rl.py" in argv:
+        first = next(line for line in lines if line.startswith("  --"))
+        assert first.startswith("  --algo {") and lines[lines.index(first) + 1].startswith("  --algo-config.")
 
 
 def test_clear_errors_for_bad_input(data, tmp_path):
