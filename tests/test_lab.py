@@ -109,7 +109,13 @@ def test_lab_writes_table_json_and_plot_and_a_rerun_reuses_finished_runs(tmp_pat
     assert len(saved["runs"]["llada/d1"]) == 2 and saved["lab"]["num_iterations"] == 1
     run = tmp_path / "llada-d1-seed1" / "result.json"
     mtime = run.stat().st_mtime_ns
+    kept = tmp_path / "sft-llada" / "held_out.json"  # the start's measure, per question
+    assert len(json.loads(kept.read_text())["spread_q"]) == 8
+    capsys.readouterr()
+    measured = kept.stat().st_mtime_ns
     assert compare.main(lab) == results and run.stat().st_mtime_ns == mtime  # nothing retrained
+    assert kept.stat().st_mtime_ns == measured  # nor the start remeasured
+    assert "llada start on held-out sum4: T=1 reward " in capsys.readouterr().out
     more = compare.Lab(**{**vars(lab), "seeds": [0, 1, 2], "families": ["llada"]})
     assert compare.check_settings(more, tmp_path) is None  # more seeds or algorithms: the same settings
     other = compare.Lab(**{**vars(lab), "learning_rate": 3e-4})

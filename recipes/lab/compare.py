@@ -221,6 +221,19 @@ def measure(model_dir: str, lab: Lab) -> dict:
     return held_out(model_dir, lab.task, lab.questions, lab.samples, lab.gen_length)
 
 
+def start_measure(start: str, family: str, lab: Lab) -> dict:
+    """The start's held-out measure, printed and kept beside it (``held_out.json``, per question): a rerun of the
+    lab in the same folder (the same settings: ``lab.json``) reuses it."""
+    path = Path(start) / "held_out.json"
+    if not path.exists():
+        path.write_text(json.dumps(measure(start, lab)))
+    before = json.loads(path.read_text())
+    (reward, se), greedy = mean_se(before["reward_q"]), statistics.fmean(before["greedy_q"])
+    print(f"{family} start on held-out {lab.task}: T=1 reward {reward:.3f} ± {se:.3f}, greedy {greedy:.3f}, groups "
+          f"with signal {statistics.fmean(before['spread_q']):.1%}", flush=True)
+    return before
+
+
 def sft(family: str, lab: Lab, folder: Path) -> str:
     """SFT of a tiny random model of ``family`` on the task's train split (``folder.parent/data``): the RL start."""
     train = write_task(lab.task, str(folder.parent / "data" / "train.jsonl"), 4000, 0, "train")
@@ -465,7 +478,7 @@ def main(lab: Lab) -> dict:
     for family in lab.families:
         if not lab.finished_only:
             start = sft_start(family, lab, out)
-            before = measure(start, lab)
+            before = start_measure(start, family, lab)
             check_signal(before, family, lab)
         for spec in expand(lab.algos):
             if not supported(spec, family):
