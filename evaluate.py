@@ -160,7 +160,7 @@ def main(args: Args):
     elif args.protocol != "dare":
         raise ValueError("--protocol applies to --bench runs")
     config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
-    check_decoding(kind, args.sampling, family, "sampling", 0, max_positions(config))
+    check_decoding(kind, args.sampling, family, "sampling", 0, max_positions(config), engine_options(args, kind.name))
     if (args.show_order or args.trajectory) and not kind.own_samplers:
         raise ValueError("--show-order and --trajectory show DARE's recorded decoding steps: use --engine hf")
     model = None

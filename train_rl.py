@@ -106,7 +106,7 @@ HELP_GROUPS = {
     "model": "model dtype attn_implementation lora export_merged",
     "data and rewards": "data rewards truncated_is_wrong reward_workers",
     "rollouts (docs/decoding.md)": "num_generations prompts_per_step rollout rollout_engine rollout_batch_size "
-                                   "rollout_mode validation sglang",
+                                   "rollout_mode validation hf sglang",
     "optimisation": "learning_rate optim weight_decay adam_beta1 adam_beta2 max_grad_norm lr_scheduler_type "
                     "warmup_steps max_steps num_train_epochs micro_batch_size bf16 gradient_checkpointing "
                     "sequence_parallel pack seed",
@@ -164,7 +164,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     rewards.check({r["data_source"] for r in train + (evaluation or [])})
     rewards.check_rows(train + (evaluation or []))
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
-                              positions)
+                              positions, engine_options(args, engine.name))
     algo.check_engine(engine)
     algo.check_dynamic_sampling(sampling)
     validation = args.validation.over(args.rollout)

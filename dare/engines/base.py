@@ -136,6 +136,10 @@ class Engine:
         """Refuse, naming the knob, what this engine cannot decode (``config`` resolved for ``family``)."""
 
     @classmethod
+    def check_options(cls, options, family) -> None:
+        """Refuse, before the weights load, ``options`` (its ``options`` dataclass) that ``family`` cannot take."""
+
+    @classmethod
     def open(cls, model_name: str, tokenizer, family, *, model=None, options=None, max_batch_size: int = 64,
              gpu: int | None = None) -> "Engine":
         """The engine an evaluation decodes with (``model``: the loaded weights, for engines that need them)."""
@@ -166,9 +170,11 @@ register_engine = ENGINES.register
 
 
 def check_decoding(engine: type[Engine], config, family, where: str, prompt_length: int = 0,
-                   max_positions: int | None = None):
-    """``config`` resolved for ``family`` with every refusal of the family's sampler and of ``engine`` raised now,
-    named by ``where`` (see ``SamplingConfig.check``)."""
+                   max_positions: int | None = None, options=None):
+    """``config`` resolved for ``family`` with every refusal of the family's sampler and of ``engine`` (and of its
+    ``options``) raised now, named by ``where`` (see ``SamplingConfig.check``)."""
+    if options is not None:
+        engine.check_options(options, family)
     config = config.check(family, where, prompt_length, max_positions)
     try:
         engine.check(config, family)

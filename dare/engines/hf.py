@@ -3,13 +3,25 @@ of left-padded prompts) and seeded."""
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
+from ..config import one_of
 from ..data.chat import left_pad
-from ..sampling import SamplingConfig, generate
+from ..sampling import Generation, SamplingConfig, generate
 from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
+
+
+@dataclass
+class HFOptions:
+    # decode through torch.compile of the model (the forward every sampler calls), each micro-batch padded to a power
+    # of two rows (copies of its last row) so that a few shapes compile once: greedy tokens equal eager decoding,
+    # sampled ones draw other noise. Compiling takes seconds to minutes per shape; it pays on long decodings
+    compile: bool = False
+    # torch.compile's mode: reduce-overhead adds CUDA graphs (a GPU), max-autotune searches kernels
+    compile_mode: one_of("default", "reduce-overhead", "max-autotune") = "default"
 
 
 @register_engine("hf")
@@ -17,21 +29,34 @@ class HFEngine(Engine):
     """Every family, every knob: DARE's samplers on ``model`` (``max_batch_size`` rows per forward)."""
 
     own_samplers = records_steps = True
+    options = HFOptions
 
-    def __init__(self, model, tokenizer, family, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, family, max_batch_size: int = 64, options: HFOptions | None = None):
         self.model, self.tokenizer, self.family = model, tokenizer, family
-        self.max_batch_size = max_batch_size
+        self.max_batch_size, self.settings = max_batch_size, options or HFOptions()
+        self.decoder = compiled(model, family, self.settings.compile_mode) if self.settings.compile else model
 
     @classmethod
     def open(cls, model_name, tokenizer, family, *, model=None, options=None, max_batch_size=64, gpu=None):
-        return cls(model, tokenizer, family, max_batch_size)
+        return cls(model, tokenizer, family, max_batch_size, options)
 
     @classmethod
     def server(cls, model_name, tokenizer, family, *, options=None, max_batch_size=64):
-        return InProcessEngine(tokenizer, family, max_batch_size)
+        return InProcessEngine(tokenizer, family, max_batch_size, options)
 
     def identity(self) -> dict:
-        return {"engine": self.name, **identity(self.model.config, weights_digest(self.model))}
+        compiled = {"compiled": self.settings.compile_mode} if self.settings.compile else {}  # other sampling noise
+        return {"engine": self.name, **compiled, **identity(self.model.config, weights_digest(self.model))}
+
+    @classmethod
+    def check_options(cls, options, family) -> None:
+        from ..models.family import NOT_COMPILED  # transformers: not imported for --help
+        if options.compile and family.name in NOT_COMPILED:
+            raise ValueError(f"compiled decoding: {family.name} cannot be compiled: {NOT_COMPILED[family.name]}")
+
+    def rows_for(self, n: int) -> int:
+        """The rows a micro-batch of ``n`` decodes: ``n``, or compiled, the next power of two (at most the batch)."""
+        return n if not self.settings.compile else min(1 << (n - 1).bit_length(), max(n, self.max_batch_size))
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
@@ -52,10 +77,14 @@ class HFEngine(Engine):
         try:
             for i in range(0, len(ids), self.max_batch_size):
                 rows = ids[i:i + self.max_batch_size]
-                prompt_ids, prompt_mask = (t.to(device) for t in left_pad(rows, self.family.pad_id))
+                padded = rows + rows[-1:] * (self.rows_for(len(rows)) - len(rows))
+                prompt_ids, prompt_mask = (t.to(device) for t in left_pad(padded, self.family.pad_id))
                 partial = None if canvas is None else canvas[i:i + self.max_batch_size].to(device)
-                parts.append((prompt_ids, prompt_mask, generate(self.model, self.family, prompt_ids, prompt_mask,
-                                                                config, generator, partial, from_step, to_step)))
+                if partial is not None and len(padded) > len(rows):
+                    partial = torch.cat([partial, partial[-1:].expand(len(padded) - len(rows), -1)])
+                out = generate(self.decoder, self.family, prompt_ids, prompt_mask, config, generator, partial,
+                               from_step, to_step)
+                parts.append((prompt_ids[:len(rows)], prompt_mask[:len(rows)], first_rows(out, len(rows))))
         finally:
             self.model.train(was_training)
         seconds = time.perf_counter() - start
@@ -87,6 +116,23 @@ class HFEngine(Engine):
                        entropy=cat_or_none(parts, "entropy"), replay_entropy=cat_or_none(parts, "replay_entropy"))
 
 
+RECOMPILE_LIMIT = 64  # shapes compiled per forward before dynamo falls back to eager (block caches grow per block)
+
+
+def compiled(model, family, mode: str):
+    """``model`` behind ``torch.compile`` (static shapes; ``mode`` as torch.compile's), refused for a family whose
+    compiled forward differs (``NOT_COMPILED``)."""
+    HFEngine.check_options(HFOptions(compile=True), family)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+
+
+def first_rows(out: Generation, n: int) -> Generation:
+    """``out`` with only its first ``n`` rows (a padded micro-batch's own)."""
+    cut = lambda v: v[:n] if isinstance(v, torch.Tensor) else [t[:n] for t in v] if isinstance(v, list) else v
+    return Generation(**{f.name: cut(getattr(out, f.name)) for f in fields(out)})
+
+
 def cat_or_none(parts, name: str):
     """The micro-batches' recorded ``name`` tensors joined (None: not recorded)."""
     found = [getattr(g, name) for _, _, g in parts]
@@ -99,13 +145,13 @@ class InProcessEngine:
 
     sync_seconds = 0.0  # nothing is copied
 
-    def __init__(self, tokenizer, family, max_batch_size: int = 64):
-        self.tokenizer, self.family, self.max_batch_size = tokenizer, family, max_batch_size
+    def __init__(self, tokenizer, family, max_batch_size: int = 64, options: HFOptions | None = None):
+        self.tokenizer, self.family, self.max_batch_size, self.options = tokenizer, family, max_batch_size, options
 
     @contextmanager
     def serving(self, policy, version: int):
         """An engine decoding with ``policy``'s current weights (``version``: the optimiser step they come from)."""
-        yield HFEngine(policy, self.tokenizer, self.family, self.max_batch_size)
+        yield HFEngine(policy, self.tokenizer, self.family, self.max_batch_size, self.options)
 
     def close(self):
         pass

@@ -279,7 +279,9 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
                     f"attention_mask must cover cached + current tokens: expected {(batch, past + length)}, "
                     f"got {tuple(attention_mask.shape)}")
             all_pos = positions_from_padding(attention_mask)
-            k_valid = None if bool(attention_mask.all()) else attention_mask.bool()
+            # no padding: no key mask (reading that is a graph break for torch.compile, which takes the mask as is)
+            padded = torch.compiler.is_compiling() or not bool(attention_mask.all())
+            k_valid = attention_mask.bool() if padded else None
         else:
             all_pos = torch.arange(past + length, device=h.device).expand(batch, -1)
             k_valid = None

@@ -1,0 +1,71 @@
+"""Compiled decoding, the hf engine's compile option (``--hf.compile``; ``evaluate.py --compile``): the same greedy
+tokens and forward counts as eager decoding on every family it serves and every cache mode, one compilation per
+micro-batch bucket, and a clear refusal where compiling changes the model."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from dare.engines.hf import HFEngine, HFOptions
+from dare.models import load_pretrained
+from dare.sampling import SamplingConfig
+
+PROMPTS = [[{"role": "user", "content": f"What is {i} + {2 * i}?"}] for i in range(5)]
+
+
+def peaked(name: str):
+    """A tiny model whose output layer is scaled up: its confidences are far apart, so the 1e-7 rounding by which
+    compiled and eager logits differ cannot flip which position a step commits (random tiny models are near ties)."""
+    model, tokenizer, family = load_pretrained(f"tiny:{name}", dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40.0)
+    return model.eval(), tokenizer, family
+
+
+@pytest.mark.parametrize("name, knobs", [
+    ("llada", {}), ("llada", {"cache": "prefix", "block_length": 8}), ("llada", {"cache": "dual", "block_length": 8}),
+    ("llada", {"threshold": 0.5, "block_length": 8}), ("dream", {}), ("dream", {"cache": "dual", "block_length": 8}),
+    ("sdar", {}), ("sdar", {"cache": "none"}), ("llada2", {}), ("sdar_moe", {"threshold": 0.5})],
+    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "plain")
+def test_compiled_decoding_gives_the_eager_tokens_and_forward_counts(name, knobs):
+    torch._dynamo.reset()
+    model, tokenizer, family = peaked(name)
+    config = SamplingConfig(gen_length=16, temperature=0.0, **knobs)
+    eager = HFEngine(model, tokenizer, family, 8).generate(PROMPTS, 1, config, seed=0)
+    graphs = counters["stats"]["unique_graphs"]
+    fast = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True)).generate(PROMPTS, 1, config, seed=0)
+    assert counters["stats"]["unique_graphs"] > graphs  # the compiled path ran
+    assert torch.equal(eager.completion_ids, fast.completion_ids) and eager.nfe == fast.nfe
+    assert torch.equal(eager.step_map, fast.step_map) and eager.texts == fast.texts
+
+
+def test_batches_inside_one_bucket_compile_once():
+    """5, 6 and 7 rows decode as 8 (copies of the last row, dropped after): one set of graphs for all three."""
+    torch._dynamo.reset()
+    model, tokenizer, family = peaked("llada")
+    engine = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True))
+    config, prompt = SamplingConfig(gen_length=8, temperature=0.0), PROMPTS[1]
+    graphs = []
+    for rows in (5, 6, 7):
+        out = engine.generate([prompt] * rows, 1, config, seed=0)
+        assert out.completion_ids.shape[0] == rows
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[0] == graphs[1] == graphs[2], graphs
+    assert engine.rows_for(5) == 8 and engine.rows_for(8) == 8 and engine.rows_for(1) == 1
+    assert HFEngine(model, tokenizer, family, 6, HFOptions(compile=True)).rows_for(5) == 6  # never past the batch
+    assert HFEngine(model, tokenizer, family, 8).rows_for(5) == 5  # eager: no padding
+    assert engine.identity()["compiled"] == "default"  # an evaluation's fingerprint: sampled rows draw other noise
+    assert "compiled" not in HFEngine(model, tokenizer, family).identity()
+
+
+def test_a_family_whose_compiled_forward_differs_is_refused_before_the_weights_load():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    model, tokenizer, family = load_pretrained("tiny:diffusion_gemma", dtype=torch.float32)
+    with pytest.raises(ValueError, match="diffusion_gemma cannot be compiled: transformers' DiffusionGemma builds"):
+        HFEngine(model, tokenizer, family, 8, HFOptions(compile=True))
+    out = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny:diffusion_gemma", "--prompt", "hi",
+                          "--compile"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.startswith("error: compiled decoding: diffusion_gemma cannot"), out.stderr
