@@ -69,3 +69,18 @@ def test_a_family_whose_compiled_forward_differs_is_refused_before_the_weights_l
     out = subprocess.run([sys.executable, "evaluate.py", "--model", "tiny:diffusion_gemma", "--prompt", "hi",
                           "--compile"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.startswith("error: compiled decoding: diffusion_gemma cannot"), out.stderr
+
+
+def test_the_compiled_decoder_follows_weights_changed_in_place():
+    """RL steps the policy in place between rollouts: the compiled graphs read the current weights, not a copy."""
+    torch._dynamo.reset()
+    model, tokenizer, family = peaked("llada")
+    config = SamplingConfig(gen_length=8, temperature=0.0)
+    before = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True)).generate(PROMPTS, 1, config, seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    eager = HFEngine(model, tokenizer, family, 8).generate(PROMPTS, 1, config, seed=0)
+    after = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True)).generate(PROMPTS, 1, config, seed=0)
+    assert not torch.equal(before.completion_ids, eager.completion_ids)  # the change matters
+    assert torch.equal(after.completion_ids, eager.completion_ids)
