@@ -6,6 +6,7 @@ of compiled kernels flip; scaled, they are far apart, as a trained model's are.
 
     python bench/bench_compile.py                          # every family the compile option serves, tiny models (CPU)
     python bench/bench_compile.py --families llada --batch 8 --gen-length 64
+    python bench/bench_compile.py --device cuda --dtype bfloat16 --mode reduce-overhead --gen-length 256  # a GPU
 """
 
 import argparse
@@ -24,7 +25,8 @@ from dare.sampling import SamplingConfig  # noqa: E402
 
 
 def operator_calls(model, ids: torch.Tensor) -> int:
-    """Profiler events of one forward over ``ids`` (a decoding step without cache), after a warm-up call."""
+    """Profiler events of one forward over ``ids`` (a decoding step without cache), after a warm-up call: the host's
+    operator calls, what a GPU pays a launch for."""
     mask = torch.ones_like(ids)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
@@ -34,8 +36,11 @@ def operator_calls(model, ids: torch.Tensor) -> int:
 
 
 def decode(engine, prompts, config) -> tuple[torch.Tensor, float]:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    sync()
     start = time.perf_counter()
     out = engine.generate(prompts, 1, config, seed=0)
+    sync()
     return out.completion_ids, time.perf_counter() - start
 
 
@@ -45,20 +50,25 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--gen-length", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} thread(s)"
+    print(f"{where}, {args.dtype}, torch.compile mode {args.mode}, batch {args.batch}, {args.gen_length} tokens\n")
     print("| family | layers | operator calls a step, eager | compiled | fewer | first decoding (compiling) s | "
           "eager tok/s | compiled tok/s | speed-up | same greedy tokens |\n|---|---|---|---|---|---|---|---|---|---|")
     for name in args.families:
         torch._dynamo.reset()
-        model, tokenizer, family = load_pretrained(f"tiny:{name}", dtype=torch.float32)
+        model, tokenizer, family = load_pretrained(f"tiny:{name}", dtype=getattr(torch, args.dtype))
         with torch.no_grad():
-            model.eval().get_output_embeddings().weight.mul_(40.0)
+            model.to(args.device).eval().get_output_embeddings().weight.mul_(40.0)
         prompts = [[{"role": "user", "content": f"What is {i} + {2 * i}?"}] for i in range(args.batch)]
         config = SamplingConfig(gen_length=args.gen_length, temperature=0.0)
         eager, compiled = HFEngine(model, tokenizer, family, args.batch), \
-            HFEngine(model, tokenizer, family, args.batch, HFOptions(compile=True))
-        ids = torch.randint(10, 500, (args.batch, 24 + args.gen_length))
+            HFEngine(model, tokenizer, family, args.batch, HFOptions(compile=True, compile_mode=args.mode))
+        ids = torch.randint(10, 500, (args.batch, 24 + args.gen_length), device=args.device)
         calls = operator_calls(model, ids), operator_calls(compiled.decoder, ids)
         first = decode(compiled, prompts, config)[1]
         (a, t_eager), (b, t_compiled) = decode(eager, prompts, config), decode(compiled, prompts, config)
