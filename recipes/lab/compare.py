@@ -433,6 +433,13 @@ def plot(results: dict, path: Path):
 
 
 SIGNAL_FLOOR = 0.1  # the least share of the start's groups with differing rewards the lab spends RL on
+# tasks the lab's tiny models do not learn, with what was measured (bench/results/cpu-2026-12-06/lab52, LLaDA, seed 0):
+# refused before the SFT start unless --allow-no-signal
+NOT_LEARNABLE = {
+    "arithmetic": "a tiny model's SFT start answers under 5 % of the held-out questions (0.039 at T = 1 after 1500 "
+                  "steps, 0.047 after 4000; 20-22 % of its groups with a signal) and d1 from it does not learn "
+                  "(-0.9 SE; from the 4000-step start -6.0 SE, its control -0.6 SE)",
+}
 
 
 def check_signal(before: dict, family: str, lab: Lab) -> None:
@@ -470,6 +477,9 @@ def check_settings(lab: Lab, out: Path):
 
 
 def main(lab: Lab) -> dict:
+    if lab.task in NOT_LEARNABLE and not lab.allow_no_signal and not lab.finished_only:
+        raise SystemExit(f"the lab does not learn {lab.task} at the tiny scale: {NOT_LEARNABLE[lab.task]}. Choose "
+                         "another task, or --allow-no-signal to run it anyway (a smoke test)")
     torch.set_num_threads(lab.threads)
     out = Path(lab.output_dir)
     out.mkdir(parents=True, exist_ok=True)
