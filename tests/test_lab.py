@@ -165,6 +165,7 @@ def test_the_held_out_measure_says_which_groups_carry_a_signal():
     assert len(got["spread_q"]) == 6 and set(got["spread_q"]) <= {0.0, 1.0}
     tied = [r in (0.0, 1.0) for r in got["reward_q"]]  # a question whose 3 rewards are all 0 or all 1 is flat
     assert all(s == 0.0 for s, t in zip(got["spread_q"], tied, strict=True) if t)
+    assert all(m <= s for m, s in zip(got["right_wrong_q"], got["spread_q"], strict=True))  # mixed answers spread
 
 
 @pytest.mark.parametrize("task", ["addition", "arithmetic", "sum4", "countdown", "sudoku", "cycle"])

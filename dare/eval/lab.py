@@ -28,8 +28,9 @@ def _engine(model_dir: str) -> HFEngine:
 def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, gen_length: int = 12,
              seed: int = 12345, decoding: dict | None = None) -> dict:
     """``reward_q``: each question's mean reward over ``samples`` completions at T = 1; ``spread_q``: 1 where those
-    rewards are not all equal (a group of ``samples`` that carries a group advantage), else 0; ``greedy_q``: its
-    greedy reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
+    rewards are not all equal (a group of ``samples`` that carries a group advantage), else 0; ``right_wrong_q``: 1
+    where some are right and some wrong (a format score alone can spread a group that is all wrong); ``greedy_q``:
+    its greedy reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
     ``SamplingConfig`` knobs (e.g. ``dare.sampling.FAST_DECODING["masked"]``; default the family's plain decoding)."""
     engine = _engine(model_dir)
     rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
@@ -37,11 +38,13 @@ def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, 
     for name, n, temperature in (("reward_q", samples, 1.0), ("greedy_q", 1, 0.0)):
         sampling = SamplingConfig(**{**(decoding or {}), "gen_length": gen_length, "temperature": temperature})
         rollout = engine.generate(prompts, n, sampling, seed=seed)
-        scores = [r.score for r in router.score(rollout.texts, [r for r in rows for _ in range(n)])]
-        groups = [scores[i * n:(i + 1) * n] for i in range(len(rows))]
+        results = router.score(rollout.texts, [r for r in rows for _ in range(n)])
+        groups = [[r.score for r in results[i * n:(i + 1) * n]] for i in range(len(rows))]
         out[name] = [sum(group) / n for group in groups]
         if name == "reward_q":
             out["spread_q"] = [float(max(group) > min(group)) for group in groups]
+            right = [[r.acc > 0 for r in results[i * n:(i + 1) * n]] for i in range(len(rows))]
+            out["right_wrong_q"] = [float(any(group) and not all(group)) for group in right]
     return out
 
 

@@ -229,8 +229,10 @@ def start_measure(start: str, family: str, lab: Lab) -> dict:
         path.write_text(json.dumps(measure(start, lab)))
     before = json.loads(path.read_text())
     (reward, se), greedy = mean_se(before["reward_q"]), statistics.fmean(before["greedy_q"])
+    mixed = f", with right and wrong answers {statistics.fmean(before['right_wrong_q']):.1%}" \
+        if "right_wrong_q" in before else ""  # measures kept by an older lab lack it
     print(f"{family} start on held-out {lab.task}: T=1 reward {reward:.3f} ± {se:.3f}, greedy {greedy:.3f}, groups "
-          f"with signal {statistics.fmean(before['spread_q']):.1%}", flush=True)
+          f"with signal {statistics.fmean(before['spread_q']):.1%}{mixed}", flush=True)
     return before
 
 
