@@ -40,15 +40,16 @@ def test_compiled_decoding_gives_the_eager_tokens_and_forward_counts(name, knobs
 
 
 def test_batches_inside_one_bucket_compile_once():
-    """5, 6 and 7 rows decode as 8 (copies of the last row, dropped after): one set of graphs for all three."""
+    """5, 6 and 7 rows decode as 8 (copies of the last row, dropped after), prompts of different lengths as 32
+    tokens (left padding, dropped after): one set of graphs for all of them."""
     torch._dynamo.reset()
     model, tokenizer, family = peaked("llada")
     engine = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True))
-    config, prompt = SamplingConfig(gen_length=8, temperature=0.0), PROMPTS[1]
-    graphs = []
-    for rows in (5, 6, 7):
-        out = engine.generate([prompt] * rows, 1, config, seed=0)
+    config, graphs = SamplingConfig(gen_length=8, temperature=0.0), []
+    for rows, prompt in ((5, "2 + 2?"), (6, "What is 12 + 30?"), (7, "What is 12 + 30 + 7, please?")):
+        out = engine.generate([[{"role": "user", "content": prompt}]] * rows, 1, config, seed=0)
         assert out.completion_ids.shape[0] == rows
+        assert out.prompt_ids.shape[1] == len(engine.encode([[{"role": "user", "content": prompt}]])[0])
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] > 0 and graphs[0] == graphs[1] == graphs[2], graphs
     assert engine.rows_for(5) == 8 and engine.rows_for(8) == 8 and engine.rows_for(1) == 1

@@ -17,8 +17,9 @@ from .base import Engine, Rollout, check_prompts, decode_completions, identity, 
 @dataclass
 class HFOptions:
     # decode through torch.compile of the model (the forward every sampler calls), each micro-batch padded to a power
-    # of two rows (copies of its last row) so that a few shapes compile once: greedy tokens equal eager decoding,
-    # sampled ones draw other noise. Compiling takes seconds to minutes per shape; it pays on long decodings
+    # of two rows (copies of its last row) and its prompts to a multiple of 32 tokens, so that a few shapes compile
+    # once: greedy tokens equal eager decoding, sampled ones draw other noise. Compiling takes seconds to minutes per
+    # shape; it pays on long decodings
     compile: bool = False
     # torch.compile's mode: reduce-overhead adds CUDA graphs (a GPU), max-autotune searches kernels
     compile_mode: one_of("default", "reduce-overhead", "max-autotune") = "default"
@@ -79,12 +80,16 @@ class HFEngine(Engine):
                 rows = ids[i:i + self.max_batch_size]
                 padded = rows + rows[-1:] * (self.rows_for(len(rows)) - len(rows))
                 prompt_ids, prompt_mask = (t.to(device) for t in left_pad(padded, self.family.pad_id))
+                wider = -prompt_ids.shape[1] % WIDTH_STEP if self.settings.compile else 0  # a few prompt widths
+                prompt_ids = F.pad(prompt_ids, (wider, 0), value=self.family.pad_id)
+                prompt_mask = F.pad(prompt_mask, (wider, 0))
                 partial = None if canvas is None else canvas[i:i + self.max_batch_size].to(device)
                 if partial is not None and len(padded) > len(rows):
                     partial = torch.cat([partial, partial[-1:].expand(len(padded) - len(rows), -1)])
                 out = generate(self.decoder, self.family, prompt_ids, prompt_mask, config, generator, partial,
                                from_step, to_step)
-                parts.append((prompt_ids[:len(rows)], prompt_mask[:len(rows)], first_rows(out, len(rows))))
+                own = slice(len(rows)), slice(wider, None)  # the micro-batch's rows and prompt columns
+                parts.append((prompt_ids[own], prompt_mask[own], first_rows(out, len(rows))))
         finally:
             self.model.train(was_training)
         seconds = time.perf_counter() - start
@@ -117,6 +122,7 @@ class HFEngine(Engine):
 
 
 RECOMPILE_LIMIT = 64  # shapes compiled per forward before dynamo falls back to eager (block caches grow per block)
+WIDTH_STEP = 32  # compiled: prompts left-padded to a multiple of this (the extra columns dropped from the rollout)
 
 
 def compiled(model, family, mode: str):
