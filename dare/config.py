@@ -90,15 +90,19 @@ def one_of(*values: str, optional: bool = False):
     return typing.Annotated[str | None if optional else str, tyro.conf.arg(metavar=shown), OneOf(tuple(values))]
 
 
+def choices_of(kind) -> tuple[str, ...] | None:
+    """The values a ``one_of`` type takes (None: ``kind`` is no ``one_of``)."""
+    return next((m.values for m in getattr(kind, "__metadata__", ()) if isinstance(m, OneOf)), None)
+
+
 def check_choices(config, prefix: str = "") -> None:
     """Refuse a ``one_of`` field of the dataclass ``config`` holding a value outside its choices (None passes: the
     field's owner fills it in), naming the knob and the choices."""
     hints = typing.get_type_hints(type(config), include_extras=True)
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        for choices in (m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, OneOf)):
-            if value is not None and value not in choices.values:
-                raise ValueError(f"Unknown {prefix}{f.name} {value!r}; known: {list(choices.values)}")
+        value, choices = getattr(config, f.name), choices_of(hints[f.name])
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"Unknown {prefix}{f.name} {value!r}; known: {list(choices)}")
 
 
 def _apply(instance, values: dict, source: str, prefix: str = ""):
@@ -200,16 +204,16 @@ def _flags(owner, name: str, prefix: str) -> list[tuple[str, str, str]]:
     if dataclasses.is_dataclass(value):
         return [flag for f in dataclasses.fields(value) for flag in _flags(value, f.name, f"{prefix}{name}.")]
     kind = typing.get_type_hints(type(owner), include_extras=True).get(name)
-    choices = [m.values for m in getattr(kind, "__metadata__", ()) if isinstance(m, OneOf)]
+    choices = choices_of(kind)
     aliases = [a for m in getattr(kind, "__metadata__", ()) for a in getattr(m, "aliases", None) or ()]
     while typing.get_origin(kind) is typing.Annotated:
         kind = typing.get_args(kind)[0]
     if typing.get_origin(kind) is typing.Literal:
-        choices = [typing.get_args(kind)]
+        choices = typing.get_args(kind)
     options = [a for a in typing.get_args(kind) if a is not type(None)]
     optional = typing.get_origin(kind) in (typing.Union, types.UnionType) and len(options) < len(typing.get_args(kind))
     base = options[0] if optional and len(options) == 1 else kind
-    shown = ("{" + ",".join(map(str, choices[0])) + "}" if choices else "" if base is bool
+    shown = ("{" + ",".join(map(str, choices)) + "}" if choices else "" if base is bool
              else getattr(typing.get_origin(base) or base, "__name__", "VALUE").upper())
     flag = ", ".join(["--" + f"{prefix}{name}".replace("_", "-"), *aliases]) + (f" {shown}" if shown else "") + (
         "|None" if optional else "")

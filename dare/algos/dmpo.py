@@ -70,10 +70,10 @@ class DMPO(Algorithm):
     masks: one_of(*MASKS) = "antithetic"
     num_iterations: int = 1  # the code: 8 optimiser steps per rollout
     loss_mask: LossMask = "all"  # the code masks the whole canvas, EOS padding included
-    advantage: one_of("dmpo", *ADVANTAGES) = "dmpo"  # a = w+ - w- (or w+ - 1/G), set after scoring
+    own_advantages: ClassVar[tuple[str, ...]] = ("dmpo",)
+    advantage: one_of(*own_advantages, *ADVANTAGES) = "dmpo"  # a = w+ - w- (or w+ - 1/G), set after scoring
 
     uses_ratio: ClassVar[bool] = False
-    own_advantages: ClassVar[tuple[str, ...]] = ("dmpo",)
 
     def validate(self, family):
         if self.alpha <= 0 or not 0 < self.coeff <= 1 or self.samples < 1:

@@ -78,10 +78,9 @@ class DTreeRPO(Algorithm):
     eps_high: float = 0.4
     dual_clip: float | None = None  # the paper has no dual clip
     beta: float = 0.01  # k3 KL to the reference (the LoRA-disabled base in the paper's setup)
-    advantage: one_of("tree", *ADVANTAGES) = "tree"  # sibling leave-one-out of tree values, no std
+    own_advantages: ClassVar[tuple[str, ...]] = ("tree",)
+    advantage: one_of(*own_advantages, *ADVANTAGES) = "tree"  # sibling leave-one-out of tree values, no std
     loss_mask: LossMask = "upto_first_eos"  # an edge's tokens up to the child's first stop token
-
-    own_advantages = ("tree",)
 
     def validate(self, family):
         if self.branch < 1 or not 0 < self.split < 1:

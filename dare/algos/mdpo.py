@@ -60,12 +60,11 @@ class MDPO(Algorithm):
 
     train_steps: int = 16  # K: denoising steps trained per rollout (those with the largest total |advantage|)
     adv_eps: float = 1e-4  # per-step normalisation epsilon (paper 1e-4; DARE 1e-6)
-    advantage: one_of("step", *ADVANTAGES) = "step"  # MDPO's own per-step normalised scores
+    own_advantages: ClassVar[tuple[str, ...]] = ("step",)
+    advantage: one_of(*own_advantages, *ADVANTAGES) = "step"  # MDPO's own per-step normalised scores
     loss_mask: LossMask = "all"  # positions masked at the step, EOS tail included
     dual_clip: float | None = None  # plain PPO clip (the paper has no dual clip)
     kl: KL = "k2"  # the paper's (ℓ_ref - ℓ)² / 2, with beta (paper 0)
-
-    own_advantages = ("step",)
 
     def validate(self, family):
         if self.train_steps < 1:

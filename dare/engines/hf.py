@@ -35,7 +35,8 @@ class HFEngine(Engine):
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64, options: HFOptions | None = None):
         self.model, self.tokenizer, self.family = model, tokenizer, family
         self.max_batch_size, self.settings = max_batch_size, options or HFOptions()
-        self.decoder = compiled(model, family, self.settings.compile_mode) if self.settings.compile else model
+        self.check_options(self.settings, family)
+        self.decoder = compiled(model, self.settings.compile_mode) if self.settings.compile else model
 
     @classmethod
     def open(cls, model_name, tokenizer, family, *, model=None, options=None, max_batch_size=64, gpu=None):
@@ -57,7 +58,7 @@ class HFEngine(Engine):
 
     def rows_for(self, n: int) -> int:
         """The rows a micro-batch of ``n`` decodes: ``n``, or compiled, the next power of two (at most the batch)."""
-        return n if not self.settings.compile else min(1 << (n - 1).bit_length(), max(n, self.max_batch_size))
+        return n if not self.settings.compile else min(1 << (n - 1).bit_length(), self.max_batch_size)
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
@@ -125,10 +126,8 @@ RECOMPILE_LIMIT = 64  # shapes compiled per forward before dynamo falls back to 
 WIDTH_STEP = 32  # compiled: prompts left-padded to a multiple of this (the extra columns dropped from the rollout)
 
 
-def compiled(model, family, mode: str):
-    """``model`` behind ``torch.compile`` (static shapes; ``mode`` as torch.compile's), refused for a family whose
-    compiled forward differs (``NOT_COMPILED``)."""
-    HFEngine.check_options(HFOptions(compile=True), family)
+def compiled(model, mode: str):
+    """``model`` behind ``torch.compile`` (static shapes; ``mode`` as torch.compile's)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
 

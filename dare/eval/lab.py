@@ -39,12 +39,11 @@ def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, 
         sampling = SamplingConfig(**{**(decoding or {}), "gen_length": gen_length, "temperature": temperature})
         rollout = engine.generate(prompts, n, sampling, seed=seed)
         results = router.score(rollout.texts, [r for r in rows for _ in range(n)])
-        groups = [[r.score for r in results[i * n:(i + 1) * n]] for i in range(len(rows))]
-        out[name] = [sum(group) / n for group in groups]
+        groups = [results[i * n:(i + 1) * n] for i in range(len(rows))]
+        out[name] = [sum(r.score for r in group) / n for group in groups]
         if name == "reward_q":
-            out["spread_q"] = [float(max(group) > min(group)) for group in groups]
-            right = [[r.acc > 0 for r in results[i * n:(i + 1) * n]] for i in range(len(rows))]
-            out["right_wrong_q"] = [float(any(group) and not all(group)) for group in right]
+            out["spread_q"] = [float(max(r.score for r in g) > min(r.score for r in g)) for g in groups]
+            out["right_wrong_q"] = [float(len({r.acc > 0 for r in g}) == 2) for g in groups]
     return out
 
 
