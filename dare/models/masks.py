@@ -90,6 +90,8 @@ def block_mask(ok: torch.Tensor, tile: int = 128) -> BlockMask:
     visible ones run without reading the mask, partly visible ones read ``ok``. Built from tile summaries of ``ok``
     (``create_block_mask`` would re-materialise the mask through int64 index tensors: 8x its size)."""
     batch, q_len, k_len = ok.shape
+    if ok.device.type == "cpu":  # torch's CPU FlexAttention kernel miscompiles a key length made dynamic by a recompile
+        torch._dynamo.config.automatic_dynamic_shapes = False  # (C++ error: cur_kvSplitSize5 undeclared): static shapes
     padded = torch.nn.functional.pad(ok, (0, -k_len % tile, 0, -q_len % tile))  # mask_mod reads padded tiles too
     tiles = padded.view(batch, padded.shape[1] // tile, tile, padded.shape[2] // tile, tile)
     seen, full = tiles.any(4).any(2), tiles.all(4).all(2)  # [B, Q tiles, K tiles]
