@@ -17,10 +17,29 @@ def test_the_algorithm_catalogue_is_generated_from_the_registry():
     assert block == catalogue(), "docs/algorithms.md is stale: paste the second table of `python -m dare.algos`"
 
 
+def test_each_algorithm_has_a_generated_page_with_its_objective():
+    """docs/algorithms/NAME.md is ``python -m dare.algos --pages docs/algorithms``: the objective each algorithm file
+    declares (display math that KaTeX can close), its docstring, knobs, recipes and commands."""
+    from dare.algos import ALGORITHMS, known
+    from dare.algos.catalogue import page
+    assert sorted(p.stem for p in (DOCS / "algorithms").glob("*.md")) == sorted(known())
+    for name in known():
+        objective = ALGORITHMS.lookup(name).__dict__.get("objective", "")  # its own, not inherited
+        assert objective.startswith("$$") and objective.count("$$") % 2 == 0, f"{name}: no display objective"
+        assert objective.count("{") == objective.count("}"), f"{name}: unbalanced braces in its objective"
+        assert (DOCS / "algorithms" / f"{name}.md").read_text() == page(name), \
+            f"docs/algorithms/{name}.md is stale: python -m dare.algos --pages docs/algorithms"
+    assert "\\mathcal{C}(\\rho, A) = \\min" in page("d1") and "| `p_prompt` | `0.15` | — |" in page("d1")
+
+
+def nav_pages(entries) -> set[str]:
+    return {p for e in entries for v in e.values() for p in (nav_pages(v) if isinstance(v, list) else {v})}
+
+
 def test_every_page_is_in_the_navigation():
     import yaml
-    nav = {page for entry in yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"] for page in entry.values()}
-    assert nav == {p.name for p in DOCS.glob("*.md")}
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert nav == {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
 
 
 def run_in_order(lines: list[str], tmp_path) -> list[str]:

@@ -63,6 +63,15 @@ def content_steps(steps: torch.Tensor, ids: torch.Tensor, blocks: torch.Tensor, 
 class AGRPO(StepGroups):
     """AGRPO: K decoding steps per row, drawn by the entropy they committed, each scored exactly from its canvas."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{1}{K} \sum_{j=1}^{K} \operatorname{mean}_i\,
+    \frac{1}{T_i\, q_i(t_{ij})} \sum_{k \in U_{i,t_{ij}}} \mathcal{C}(\rho_{ik}, A_i)$$
+
+    $$t_{ij} \sim q_i$$
+
+    An unbiased estimate of $\frac{1}{T_i}\sum_t \sum_{k \in U_{i,t}} \mathcal{C}$ over the row's $T_i$ decoding steps:
+    each draw scores one step's tokens $U_{i,t}$ exactly from its canvas; $q_i$: steps drawn in proportion to the
+    entropy they committed."""
+
     needs_steps: ClassVar[str] = "it replays sampled decoding steps"
 
     samples: int = 8  # K steps drawn per row and inner iteration (one forward and backward each); paper: 24

@@ -164,6 +164,7 @@ class Algorithm(Declared):
     dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
 
     own_advantages: ClassVar[tuple[str, ...]] = ()  # advantage names an algorithm computes itself (MDPO, d-TreeRPO)
+    objective: ClassVar[str] = ""  # the loss in LaTeX (markdown with $...$), shown on the algorithm's docs page
 
     def validate(self, family) -> "Algorithm":
         """Refuse knobs that do not fit (each other or ``family``); returns the algorithm."""

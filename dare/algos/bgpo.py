@@ -9,6 +9,7 @@ per-sequence constant).
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -22,6 +23,15 @@ from .core import clipped_ratio_loss
 @dataclass
 class BGPO(Algorithm):
     """BGPO: linearised per-sample ELBO ratios, streamed over K MC samples."""
+
+    objective: ClassVar[str] = r"""$$\Delta_{ij} = \frac{E_j(\theta) - E_j(\theta_{old})}{L_i}$$
+
+    $$\rho_{ij} = \begin{cases} 1 + \Delta_{ij} & A_i > 0 \\ e^{\Delta_{ij}} & A_i \le 0 \end{cases}$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{K} \sum_{j=1}^{K} \operatorname{mean}_i\, \mathcal{C}(\rho_{ij}, A_i)$$
+
+    $E_j = \sum_{k \in M_j} \log p_\theta(y_k \mid z_j) / p_j$ with stratified mask counts ($p_j = x_j / L$): linear in
+    each Monte-Carlo sample, so the $K$ samples are back-propagated one at a time (memory of one)."""
 
     samples: int = 16  # K: MC samples of the ELBO
     stream: bool = True  # backpropagate one sample at a time (constant memory in K)

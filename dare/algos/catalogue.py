@@ -1,8 +1,11 @@
 """What each algorithm is and how to run it, read from the registry, the algorithm files' docstrings and the recipes:
-``python -m dare.algos`` (the support matrix, then one line per algorithm) and ``python -m dare.algos NAME`` (one
-algorithm's card: paper, kind, families, knobs, recipes and commands)."""
+``python -m dare.algos`` (the support matrix, then one line per algorithm), ``python -m dare.algos NAME`` (one
+algorithm's card: paper, kind, families, knobs, recipes and commands) and ``python -m dare.algos --pages
+docs/algorithms`` (the documentation site's page of each algorithm: the card with its objective and how DARE builds
+it)."""
 
 import dataclasses
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -66,17 +69,22 @@ def default_of(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def own_knobs(cls) -> list[str]:
-    """``name = default`` of the knobs the algorithm adds, or whose default differs from plain GRPO's."""
+def own_knobs(cls) -> list[tuple[str, object, object]]:
+    """``(name, default, GRPO's default)`` of the knobs the algorithm adds (GRPO's: ``MISSING``) or whose default
+    differs from plain GRPO's."""
     base = {f.name: default_of(f) for f in dataclasses.fields(Algorithm)}
-    out = []
-    for f in dataclasses.fields(cls):
-        default = default_of(f)
-        if f.name not in base:
-            out.append(f"{f.name} = {default!r}")
-        elif default != base[f.name]:
-            out.append(f"{f.name} = {default!r}  (GRPO: {base[f.name]!r})")
-    return out
+    return [(f.name, default_of(f), base.get(f.name, dataclasses.MISSING)) for f in dataclasses.fields(cls)
+            if f.name not in base or default_of(f) != base[f.name]]
+
+
+def try_command(name: str) -> str:
+    """A two-step run of ``name`` on the first tiny model it supports."""
+    cls = ALGORITHMS.lookup(name)
+    family = next(f for f in FAMILY_ORDER if cls().supports(f))
+    data = "--preference.path task:addition" if cls.trainer != "rl" else \
+        "--data.path task:sum4 --num-generations 4 --rollout.gen-length 16"
+    return (f"python train_rl.py --algo {name} --model tiny:{family} {data} --max-steps 2 --prompts-per-step 2 "
+            f"--micro-batch-size 4 --output-dir outputs/try-{name}")
 
 
 def card(name: str) -> str:
@@ -92,17 +100,68 @@ def card(name: str) -> str:
         lines.append(f"  not on {', '.join(f for f in FAMILY_ORDER if f not in families)}: "
                      f"{cls.why_not if cls.families is not None else NOISE_WHY}")
     lines.append("  knobs (--algo-config.NAME; those that differ from plain GRPO's):")
-    lines += [f"    {knob}" for knob in own_knobs(cls)] or ["    (none)"]
+    lines += [f"    {knob} = {default!r}" + (f"  (GRPO: {grpo!r})" if grpo is not dataclasses.MISSING else "")
+              for knob, default, grpo in own_knobs(cls)] or ["    (none)"]
     found = recipes(name)
     if found:
         lines.append("  recipes (learning rate):")
         lines += [f"    {p.relative_to(RECIPES.parent)} ({learning_rate(p)})" for p in found]
-    data = "--preference.path task:addition" if cls.trainer != "rl" else \
-        "--data.path task:sum4 --num-generations 4 --rollout.gen-length 16"
-    lines += ["  try it on a tiny model:",
-              f"    python train_rl.py --algo {name} --model tiny:{families[0]} {data} --max-steps 2 "
-              "--prompts-per-step 2 --micro-batch-size 4 --output-dir outputs/try-" + name]
+    lines += ["  try it on a tiny model:", f"    {try_command(name)}"]
     if found:
         lines.append(f"    accelerate launch train_rl.py --config {found[0].relative_to(RECIPES.parent)}")
     lines.append(f"  every knob with its help: python train_rl.py --algo {name} --help")
     return "\n".join(lines) + "\n"
+
+NOTATION = (r"$\mathcal{C}(\rho, A) = \min\big(\rho A,\ \operatorname{clip}(\rho, 1 - \epsilon_{low},"
+            r" 1 + \epsilon_{high})\, A\big)$ is PPO's clipped surrogate (where $A < 0$ the `dual_clip` $c$, when set,"
+            r" bounds it below by $cA$); $A_i$: the row's advantage (the `advantage` knob); $m$: the tokens the loss"
+            r" reads (`loss_mask`).")
+
+
+def page(name: str) -> str:
+    """The documentation page of ``name``: what it is, its objective, how DARE builds it (its file's docstring), its
+    knobs, recipes and commands."""
+    cls = ALGORITHMS.lookup(name)
+    arxiv, code = paper(cls)
+    families = [f for f in FAMILY_ORDER if cls().supports(f)]
+    missing = [f for f in FAMILY_ORDER if f not in families]
+    objective = inspect.cleandoc(cls.objective)
+    lines = [f"# {name}", "", summary(cls)[0].upper() + summary(cls)[1:], "",
+             f"- **paper**: [arXiv {arxiv}](https://arxiv.org/abs/{arxiv})" if arxiv else "- **paper**: —",
+             *([f"- **authors' code**: [{code}](https://{code})"] if code else []),
+             f"- **kind**: {kind(cls)}", f"- **families**: {', '.join(families)}",
+             *([f"- **not on {', '.join(missing)}**: {cls.why_not if cls.families is not None else NOISE_WHY}"]
+               if missing else []),
+             "", "## Objective", "", objective, ""]
+    if r"\mathcal{C}" in objective:
+        lines += [NOTATION, ""]
+    lines += ["## How DARE builds it", "", inspect.cleandoc(sys.modules[cls.__module__].__doc__ or ""), "",
+              "## Knobs", "",
+              f"Set with `--algo-config.NAME VALUE` (or `algo_config:` in a recipe). The knobs {name} adds or sets "
+              f"differently from plain GRPO; every knob with its help: `python train_rl.py --algo {name} --help`.", ""]
+    knobs = own_knobs(cls)
+    lines += ["| knob | default | plain GRPO's |", "|---|---|---|"] if knobs else ["(none: plain GRPO's defaults)"]
+    lines += [f"| `{knob}` | `{default!r}` | " + (f"`{grpo!r}`" if grpo is not dataclasses.MISSING else "—") + " |"
+              for knob, default, grpo in knobs]
+    lines += ["", "## Run it", "", "Two steps on a tiny random model (CPU, seconds):", "", "```bash",
+              try_command(name), "```", ""]
+    found = recipes(name)
+    if found:
+        lines += ["Its recipes, for 8B-class models (DARE's reference numbers; `*_paper.yaml`: the paper's):", "",
+                  "```bash", f"accelerate launch train_rl.py --config {found[0].relative_to(RECIPES.parent)}", "```",
+                  "", "| recipe | learning rate |", "|---|---|"]
+        lines += [f"| `{p.relative_to(RECIPES.parent)}` | {learning_rate(p)} |" for p in found]
+        lines.append("")
+    lines += ["## In the lab", "",
+              "[The comparison lab](../lab.md) trains every algorithm from one SFT start on tiny models beside a "
+              "control whose reward is flipped, and reports each one's held-out gain in standard errors:", "",
+              "```bash", f"python recipes/lab/compare.py --algos {name} --families {families[0]} --seeds 0 1 2", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_pages(folder: Path) -> list[Path]:
+    """Each algorithm's page written to ``folder/NAME.md``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in known():
+        (folder / f"{name}.md").write_text(page(name))
+    return [folder / f"{name}.md" for name in known()]

@@ -13,6 +13,7 @@ paper's EOS early rejection and ascending step sizes are sampler options: ``--ro
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,6 +30,15 @@ AGGREGATIONS = ("step", "transition")
 @dataclass
 class CJGRPO(StepGroups):
     """CJ-GRPO: exact per-step transition log-probs along the recorded decoding trajectory."""
+
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{1}{S} \sum_{s=1}^{S} \frac{1}{\sum_{i,k} U_{isk}}
+    \sum_{i,k} U_{isk}\, \mathcal{C}(\rho_{isk}, A_i)$$
+
+    $$\rho_{isk} = \frac{\pi_\theta(y_{ik} \mid z_{i,s})}{\pi_{\theta_{old}}(y_{ik} \mid z_{i,s})}$$
+
+    $U_{isk} = 1$ when token $k$ of row $i$ was committed at decoding step $s$; $z_{i,s}$: the canvas the sampler saw
+    before step $s$ (the exact trajectory likelihood, one forward per step; block families replay block-local step $s$
+    of every block at once)."""
 
     advantage: Advantage = "drgrpo"  # paper: r - mean (DARE: grpo with std)
     loss_mask: LossMask = "all"  # every decoded token is an action, the EOS tail included (paper and DARE)

@@ -8,6 +8,7 @@ step, freezing t at 0.5837).
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..likelihood import Coupled
 from . import register
@@ -18,6 +19,16 @@ from .base import Advantage, Algorithm
 @dataclass
 class CoupledGRPO(Algorithm):
     """Coupled-GRPO: complementary-mask pair + full-mask pass."""
+
+    objective: ClassVar[str] = r"""$$\hat\ell_\theta(k) = \frac{1}{2}\Big[\log\pi_\theta(y_k \mid z^{full}) +
+    \frac{\mathbb{1}[u_k < t]}{t}\log\pi_\theta(y_k \mid z^{a})
+    + \frac{\mathbb{1}[u_k > t]}{1 - t}\log\pi_\theta(y_k \mid z^{b})\Big]$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{\sum_{i,k} m_{ik}} \sum_{i,k} m_{ik}\,
+    \mathcal{C}\big(e^{\hat\ell_\theta(i,k) - \hat\ell_{\theta_{old}}(i,k)}, A_i\big)$$
+
+    $t \sim U(0.2, 0.8)$, $u_k \sim U[0, 1)$; $z^{full}$ masks the whole completion, $z^{a}$ the tokens with $u_k < t$
+    and $z^{b}$ their complement: every token is scored once in $z^a$ or $z^b$ (the coupling)."""
 
     t_min: float = 0.2  # the pair's mask ratio t ~ U[t_min, t_max]
     t_max: float = 0.8

@@ -19,6 +19,14 @@ from .base import Advantage, Algorithm, LossMask
 class D1(Algorithm):
     """d1 (diffu-GRPO): one-step mean-field estimate with random prompt masking."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{1}{\sum_{i,k} m_{ik}} \sum_{i=1}^{G} \sum_{k} m_{ik}\,
+    \mathcal{C}(\rho_{ik}, A_i)$$
+
+    $$\rho_{ik} = \frac{\pi_\theta(y_{ik} \mid z_i)}{\pi_{\theta_{old}}(y_{ik} \mid z_i)}$$
+
+    $z_i$: the whole completion masked and each real prompt token masked with probability $p_{prompt}$, one forward (the
+    one-step mean-field estimate)."""
+
     noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     p_prompt: float = 0.15  # probability of masking each real prompt token

@@ -16,6 +16,7 @@ sampler; no DARE family is such a model, so it is not here.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -34,6 +35,16 @@ def merged_steps(steps: torch.Tensor, total: int, groups: int) -> torch.Tensor:
 @dataclass
 class D2(StepGroups):
     """d2 StepMerge: the decoding path's steps merged into N groups, each scored from its starting canvas."""
+
+    objective: ClassVar[str] = r"""$$\ell_\theta(i, k) = \log\pi_\theta\big(y_{ik} \mid z_{i, n(k)}\big)$$
+
+    $$n(k) = \Big\lfloor \frac{N\, s(k)}{S} \Big\rfloor\text{-th group}$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{\sum m} \sum_{i,k} m_{ik}\, \mathcal{C}(\rho_{ik}, A_i)$$
+
+    The $S$ decoding steps cut into $N$ contiguous groups $[\lfloor nS/N \rfloor, \lfloor (n+1)S/N \rfloor)$; token $k$,
+    committed at step $s(k)$, is scored from the canvas $z_{i,n}$ at the start of its group: $N$ forwards ($N = S$:
+    CJ-GRPO's replay)."""
 
     merge_groups: int = 8  # N forwards per sample (capped at the rollout's steps)
     advantage: Advantage = "drgrpo"  # the StepMerge code: r - mean

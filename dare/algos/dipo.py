@@ -20,6 +20,7 @@ replay their global steps (one forward per step), a DARE extension.
 """
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..sampling import step_budget
 from . import register
@@ -30,6 +31,14 @@ from .base import Advantage, DynamicSampling, LossMask, StepGroups
 @dataclass
 class DiPO(StepGroups):
     """DiPO: every recorded decoding step scored from its own canvas, token-level clipped ratio."""
+
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{1}{\sum m} \sum_{i,k} m_{ik} \min\big(\rho_{ik} A_i,\
+    \operatorname{clip}(\rho_{ik}, 1 - \epsilon_{low}, 1 + \epsilon_{high})\, A_i\big)$$
+
+    $$\rho_{ik} = \frac{\pi_\theta(y_{ik} \mid z_{i, s(k)})}{\pi_{\theta_{old}}(y_{ik} \mid z_{i, s(k)})}$$
+
+    Every decoding step scored exactly from the canvas $z_{i,s}$ the sampler saw (no random masks); clip-higher
+    ($\epsilon_{high} = 0.28$); only groups holding right and wrong answers train (DiRL's dynamic sampling)."""
 
     eps_high: float = 0.28  # the code's clip-higher
     dual_clip: float | None = None

@@ -61,6 +61,20 @@ def dmpo_advantages(rewards: torch.Tensor, log_ratio: torch.Tensor, group_size: 
 class DMPO(Algorithm):
     """DMPO: weighted denoising cross-entropy toward the reward-tilted reference, no likelihood ratio."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = \operatorname{mean}_q \sum_{i=1}^{G} a_i\,
+    \mathrm{DCE}_\theta(o_i)$$
+
+    $$a_i = \operatorname{softmax}_G\big(c\,(z_i + r_i / \alpha)\big) - \operatorname{softmax}_G\big(c\,(z_i - r_i /
+    \alpha)\big)$$
+
+    $$\mathrm{DCE}_\theta(o) = -\frac{1}{m} \sum_{j \text{ masked}} \log p_\theta(o^j \mid o_t)$$
+
+    $$z_i = \log
+    p_{ref}(o_i) - \log p_{old}(o_i)$$
+
+    Forward KL to the reward-tilted target $p^* \propto p_{ref}\, e^{r / \alpha}$ by a weighted denoising cross-entropy:
+    no likelihood ratio in the gradient, nothing clipped."""
+
     alpha: float = 0.1  # temperature of the tilt exp(r / alpha) (the code: 0.04 on rewards up to ~4)
     coeff: float = 1.0  # c = eta alpha / (eta alpha + 1) in (0, 1]: the proximal step (1: the code's default)
     baseline: one_of(*BASELINES) = "negative"  # negative: a = w+ - w- (the code's main) | mean: a = w+ - 1/G

@@ -63,6 +63,19 @@ def distillation_targets(children: torch.Tensor, active: torch.Tensor, adv: torc
 class DTreeRPO(Algorithm):
     """d-TreeRPO: tree rollouts, sibling leave-one-out advantages on edge transitions, self-distillation."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\operatorname{mean}_{e}\, \operatorname{mean}_{k \in a_e}\,
+    \mathcal{C}(\rho_{ek}, A_e)
+    + \beta\, \mathrm{KL} + \lambda_t\, \operatorname{mean}_{g, j} \mathrm{KL}\big(q_j \,\|\, p_\theta(\cdot \mid
+    \mathrm{parent}_g)_j\big)$$
+
+    $$A(v) = V(v) - \operatorname{mean}_{u \in \mathrm{siblings}(v)} V(u)$$
+
+    $$\rho_{ek} = \frac{p_\theta(c_{ek} \mid \mathrm{parent}_e)}{p_{\theta_{old}}(c_{ek} \mid \mathrm{parent}_e)}$$
+
+    Each tree edge $e$ is an action: the tokens $c_{ek}$, $k \in a_e$, it decoded, scored from its parent state; $V$:
+    leaf rewards averaged up the tree; $q_j$: the softmax($A / \tau_t$)-weighted tokens of the positive siblings
+    (self-distillation)."""
+
     needs_sampler: ClassVar[str] = "decodings resumed from shared partial canvases (the tree)"
     whole_groups: ClassVar[str] = "its rollout records every tree's first level beside the leaves"
 

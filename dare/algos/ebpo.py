@@ -10,6 +10,7 @@ sequence ELBO).
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..likelihood import BlockElbo
 from . import register
@@ -21,6 +22,16 @@ from .core import kl_estimate, log_clipped_loss
 @dataclass
 class EBPO(SequenceLevel):
     """EBPO: composite block ELBO, sequence-level log-domain clipping."""
+
+    objective: ClassVar[str] = r"""$$\bar E(\theta) = \frac{1}{N} \sum_{n=1}^{N} \sum_{b} \sum_{k \in M_{nb}}
+    \frac{\log p_\theta(y_k \mid z_n, y_{<b})}{p_{nb}}$$
+
+    $$r_i = e^{\bar E_i(\theta) - \bar E_i(\theta_{old})}$$
+
+    $$\mathcal{L}(\theta) = -\operatorname{mean}_i\, \mathcal{C}(r_i, A_i)$$
+
+    One ratio per sequence from the composite block ELBO (every block masked at its own stratified level in each of the
+    $N$ rows, one forward per row); the clip is taken in the log domain."""
 
     samples: int = 16  # MC rows of the composite ELBO
     loss_mask: LossMask = "all"

@@ -7,6 +7,7 @@ rollout, each on its own pre-drawn masks.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -20,6 +21,17 @@ from .core import clipped_ratio_loss
 @dataclass
 class ESPO(SequenceLevel):
     """ESPO: sequence-level ratio of the normalised ELBO."""
+
+    objective: ClassVar[str] = r"""$$s_i = \frac{\bar E_i}{L}$$
+
+    $$r_i = e^{s_i(\theta) - s_i(\theta_{old})}$$
+
+    $$\mathcal{L}(\theta) = \operatorname{mean}_i \max\big(-A_i r_i,\, -A_i \operatorname{clip}(r_i, 1 - \epsilon, 1 +
+    \epsilon)\big)
+    + \beta\, \operatorname{mean}_i \frac{(\bar E_i - \bar E_{ref,i})^2}{2L}$$
+
+    $\bar E$: the ELBO over $K$ draws whose mask counts are stratified across the batch, each with its complementary
+    half; the whole sequence is one action."""
 
     samples: int = 2  # MC samples of the ELBO per inner iteration (each two forwards with `coupled`)
     coupled: bool = True  # score the complementary positions too (the reference's reduce_var)

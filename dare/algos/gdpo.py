@@ -33,6 +33,15 @@ from .core import clipped_ratio_loss, kl_estimate
 class GDPO(SequenceLevel):
     """GDPO: sequence-level ratio of the SDMC (Gauss-Legendre) ELBO."""
 
+    objective: ClassVar[str] = r"""$$\hat{\mathcal{E}}_\theta(y) = \sum_{n=1}^{N} \frac{w_n}{t_n}
+    \frac{1}{K}\sum_{j=1}^{K} \sum_{k} \mathbb{1}[z^{(nj)}_k = M] \log p_\theta(y_k \mid z^{(nj)})$$
+
+    $$r_i = \exp\frac{\hat{\mathcal{E}}_\theta(y_i) - \hat{\mathcal{E}}_{\theta_{old}}(y_i)}{|y_i|}$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{\sum_{i,k} m_{ik}} \sum_{i,k} m_{ik}\, \mathcal{C}(r_i, A_i)$$
+
+    $(t_n, w_n)$: Gauss-Legendre nodes and weights of $[0, 1]$; $z^{(nj)}$ masks each token with probability $t_n$."""
+
     noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     points: int = 3  # quadrature nodes of the time integral (the paper: 2-3; its published recipe: 3)

@@ -65,6 +65,15 @@ def reference_of(row: dict) -> str | None:
 class IGPO(Algorithm):
     """IGPO: all-failed groups decoded again with reference fragments inpainted; the successes join the group."""
 
+    objective: ClassVar[str] = r"""$$r_i = \exp\Big(\frac{1}{\sum_k m_{ik}} \sum_k m_{ik} \big(\ell_\theta(i, k) -
+    \ell_{\theta_{old}}(i, k)\big)\Big)$$
+
+    $$\mathcal{L}(\theta) = -\operatorname{mean}_i\, \mathcal{C}(r_i, A_i)$$
+
+    A group whose completions all fail is decoded again with fragments of the reference solution fixed in the canvas;
+    its hinted successes replace original completions, the advantages are taken over the mixed group, and the hint
+    tokens stay out of $m$. $\ell$: d1's one-step estimate."""
+
     families: ClassVar[tuple[str, ...]] = ("llada", "dream")
     why_not: ClassVar[str] = "a block family decodes blocks left to right: a block never sees later blocks' hints"
     needs_sampler: ClassVar[str] = "decodings from a canvas with given (hint) tokens"

@@ -20,6 +20,13 @@ from .base import Algorithm, LossMask
 class JustGRPO(Algorithm):
     """JustGRPO: exact AR log-likelihood with the sampler's temperature."""
 
+    objective: ClassVar[str] = r"""$$\ell_\theta(i, t) = \log
+    \operatorname{softmax}\Big(\frac{f_\theta([x;\, y_{i,<t};\, M \dots M])_t}{T}\Big)[y_{it}]$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{\sum_{i,t} m_{it}} \sum_{i,t} m_{it}\, \mathcal{C}(\rho_{it}, A_i)$$
+
+    The model decodes left to right, one token per step at the sampler's temperature $T$, so the likelihood is exact."""
+
     needs_sampler: ClassVar[str] = "a left-to-right decoding of one token per step, scored exactly as drawn"
 
     chunk: int = 1  # positions scored per forward / backward

@@ -56,6 +56,21 @@ def select_steps(adv: torch.Tensor, k: int) -> torch.Tensor:
 class MDPO(Algorithm):
     """MDPO: step rewards from intermediate predictions, confidence-weighted clipped loss on the top-K steps."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{1}{\sum m} \sum_{s \in S_K} \sum_{i,k} m_{s,ik}\,
+    c_{s,ik}\, \lambda_{s,i}\, \mathcal{C}(\rho_{s,ik}, \hat A_{i,s})$$
+
+    $$\lambda_{s,i} = \frac{L_{max}}{\sum_k m_{s,ik}}$$
+
+    $$\hat A_{i,s} = \operatorname{zscore}_G\big(d_{i,s} + f_{i,s}\big)$$
+
+    $$d_{i,s} = R_{i,s} - R_{i,s-1} + 1$$
+
+    $$f_{i,s} = \operatorname{mean}(R_{i,s+1}, \dots, R_{i,S-1})$$
+
+    $R_{i,s}$: the reward of step $s$'s full prediction; $m_{s,ik}$: the positions masked at step $s$, each scored as
+    the sampled prediction from the step's canvas; $c$: the sampler's confidence; $S_K$: the $K$ steps with the largest
+    $\sum_i |\hat A_{i,s}|$."""
+
     needs_sampler: ClassVar[str] = "the canvas, whole-canvas prediction and confidences after every denoising step"
 
     train_steps: int = 16  # K: denoising steps trained per rollout (those with the largest total |advantage|)

@@ -23,6 +23,18 @@ from .base import Advantage, Algorithm
 class SPG(Algorithm):
     """SPG: lower bound for A > 0, upper / mixed bound for A <= 0, no ratio."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\frac{\sum_i A_i L_i\, \hat\ell_i}{\sum_i L_i}$$
+
+    $$\hat\ell_i = \begin{cases} E_i & A_i > 0 \\ w\, U_i + (1 - w)\, E_i & A_i \le 0 \end{cases}$$
+
+    $$E_i = \frac{1}{J}\sum_{j} \operatorname{mean}_{k \in M_j} \log p_\theta(y_k \mid z_j)$$
+
+    $$U_i = \frac{1}{\beta}\operatorname{mean}_k \log \frac{1}{J}\sum_{j}
+    \frac{\mathbb{1}[k \in M_j]\, p_\theta(y_k \mid z_j)^{\beta}}{\hat t_j}$$
+
+    A lower bound where the advantage is positive, an upper (or mixed) bound where it is not: no ratio, no clip. $z_j$:
+    a block-wise random mask (clean earlier blocks, a partly masked block, masked later ones)."""
+
     samples: int = 2  # mask draws per sequence (paper num_t 2; the reference 1)
     block_length: int = 32  # block of the block-random masks (masked-diffusion families; block families: their own)
     renyi_beta: float = 1.5  # order of the upper bound (paper: 1.0 for sudoku)

@@ -37,6 +37,7 @@ The policy's advantages use the value model of before that step, as the code's d
 
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -82,6 +83,16 @@ def step_gae(order: torch.Tensor, live: torch.Tensor, values: torch.Tensor, rewa
 @dataclass
 class TraceRL(StepGroups):
     """TraceRL: PPO on the inference trace, s consecutive steps merged."""
+
+    objective: ClassVar[str] = r"""$$\ell_\theta(i, k) = \log\pi_\theta\big(y_{ik} \mid
+    z_{i, \lfloor s(k) / \sigma \rfloor}\big)$$
+
+    $$\mathcal{L}(\theta) = -\frac{1}{\sum m} \sum_{i,k} m_{ik}\, \mathcal{C}(\rho_{ik}, A_{ik}) + \beta\,
+    \mathrm{KL}_{k3}(\pi_\theta \,\|\, \pi_{rollout})$$
+
+    Runs of $\sigma$ consecutive decoding steps (the shrinkage) merged, each scored from the canvas at its start;
+    $A_{ik} = A_i$ (group-normalised), or with the value model the step-level GAE
+    $A_j = r_j - V_j + \gamma V^*_{t+1} + \gamma\lambda A^*_{t+1}$."""
 
     shrink: int = 1  # s: consecutive decoding steps scored as one (the authors' block families: 1; LLaDA/Dream: 8)
     # the code: group z-score (with a value model: r̂, the reward of the trace's last step)

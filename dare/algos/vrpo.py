@@ -32,6 +32,14 @@ NORMALISE = ("none", "padded_length")
 class VRPO(Declared):
     """VRPO: DPO on stratified K-sample ELBOs with masks shared by the policy and the reference (offline pairs)."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\log\sigma\Big(\beta\big[(\hat B_\theta(y_w) - \hat
+    B_{ref}(y_w)) - (\hat B_\theta(y_l) - \hat B_{ref}(y_l))\big]\Big)$$
+
+    $$\hat B(y) = \frac{1}{K}\sum_{j=1}^{K} \frac{L}{x_j} \sum_{k \in M_j} \log p(y_k \mid z_j)$$
+
+    $x_j$: stratified mask counts over $[1, L]$, $M_j$ a uniform subset of that size; the same masks score the policy
+    and the reference (antithetic: at $\theta = \theta_{ref}$ the margin is exactly 0)."""
+
     beta: float = 0.2  # DPO beta (DARE 0.2)
     samples: int = 4  # K: masks per response, one per stratified timestep (DARE mc_num 4)
     normalise: one_of(*NORMALISE) = "none"  # none: the paper's ELBO | padded_length: each ELBO / R (DARE, finding 8)

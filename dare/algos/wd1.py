@@ -45,6 +45,14 @@ def group_weights(advantages: torch.Tensor, group_size: int, psi: float, negativ
 class WD1(Algorithm):
     """wd1: group-softmax weighted likelihood, positive and negative terms, no ratio."""
 
+    objective: ClassVar[str] = r"""$$\mathcal{L}(\theta) = -\operatorname{mean}_q \sum_{i=1}^{G} \big(w^+_i - w^-_i\big)
+    \log\pi_\theta(o_i \mid q)$$
+
+    $$w^{\pm}_i = \frac{e^{\pm\psi A_i}}{\sum_{j} e^{\pm\psi A_j}}$$
+
+    No ratio: the policy is fitted to the reward-tilted rollout policy by weighted likelihood; $\log\pi_\theta$ is d1's
+    one-step estimate."""
+
     noises: ClassVar[tuple[str, ...]] = ("mask", "uniform")
 
     p_prompt: float = 0.15  # probability of masking each real prompt token (d1's estimate)
