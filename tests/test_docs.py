@@ -1,6 +1,7 @@
 """The documentation site (docs/, mkdocs.yml; CI builds it with --strict): its generated tables match their
 generators and the commands of its getting-started page run as written."""
 
+import re
 import shlex
 import subprocess
 import sys
@@ -80,3 +81,38 @@ def test_the_multi_gpu_page_shows_each_recipes_own_launch_line():
         for recipe in ("sft.yaml", "sft_lora.yaml", "d1_math.yaml"):
             line = (ROOT / "recipes" / family / recipe).read_text().splitlines()[0].lstrip("# ")
             assert line.startswith("accelerate launch ") and f"\n{line}\n" in page, (family, recipe)
+
+
+def shell_lines(text: str) -> list[str]:
+    """The lines of the ``bash`` blocks of ``text``, continuations joined, comments dropped."""
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)).replace("\\\n", " ")
+    return [line.split("  #")[0].strip() for line in blocks.splitlines() if line.strip()]
+
+
+def test_every_training_command_of_the_docs_parses(monkeypatch, capsys):
+    """Each ``train_rl.py`` / ``train_sft.py`` line of the README and every docs page (``python`` or ``accelerate
+    launch``) parses with its script's own parser: a renamed or removed flag, or a recipe that is gone, fails here
+    (the tiny ones also run: test_readme.py, the card test, getting-started)."""
+    from conftest import load_script
+
+    from dare.config import parse, peek
+    monkeypatch.chdir(ROOT)  # recipes are named from the checkout's root
+    text = (ROOT / "README.md").read_text() + "".join(p.read_text() for p in sorted(DOCS.rglob("*.md")))
+    checked = []
+    for line in shell_lines(text):
+        words = shlex.split(line) if "$" not in line else []  # shell variables: a cluster's own (scale-out)
+        script = next((w for w in words if w in ("train_rl.py", "train_sft.py")), None)
+        if script is None or "--help" in words:
+            continue
+        argv = words[words.index(script) + 1:]
+        module = load_script(ROOT / script, f"dare_docs_{script[:-3]}")
+        cls = module.args_class(peek("algo", argv, default="d1")) if script == "train_rl.py" else module.Args
+        try:
+            parse(cls, argv)
+        except SystemExit as e:
+            raise AssertionError(f"{line!r} does not parse") from e
+        checked.append(script)
+    with capsys.disabled():
+        print(f"\ndocs: {checked.count('train_rl.py')} train_rl.py and {checked.count('train_sft.py')} train_sft.py "
+              "commands parse")
+    assert checked.count("train_rl.py") >= 25 and checked.count("train_sft.py") >= 15, checked
