@@ -118,6 +118,32 @@ NOTATION = (r"$\mathcal{C}(\rho, A) = \min\big(\rho A,\ \operatorname{clip}(\rho
             r" reads (`loss_mask`).")
 
 
+def lab_rows(name: str) -> list[str]:
+    """The rows of ``name`` (its variants and controls too) in each table of the lab's page (docs/lab.md) that has an
+    algorithm column, under their table's header; one markdown table per source table."""
+    lab = RECIPES.parent / "docs" / "lab.md"
+    if not lab.exists():
+        return []
+    tables, current = [], []
+    for line in lab.read_text().splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    out = []
+    for header, rule, *rows in (t for t in tables if len(t) > 2):
+        cells = [c.strip() for c in header.strip("|").split("|")]
+        column = next((i for i, c in enumerate(cells) if c.startswith("algorithm")), None)
+        if column is None:
+            continue
+        mine = [row for row in rows if any(re.split(r"[:( ]", part.strip())[0] == name
+                                           for part in row.strip("|").split("|")[column].split(","))]
+        if mine:
+            out += [header, rule, *mine, ""]
+    return out
+
+
 def page(name: str) -> str:
     """The documentation page of ``name``: what it is, its objective, how DARE builds it (its file's docstring), its
     knobs, recipes and commands."""
@@ -155,8 +181,12 @@ def page(name: str) -> str:
     lines += ["## In the lab", "",
               "[The comparison lab](../lab.md) trains every algorithm from one SFT start on tiny models beside a "
               "control whose reward is flipped, and reports each one's held-out gain in standard errors:", "",
-              "```bash", f"python recipes/lab/compare.py --algos {name} --families {families[0]} --seeds 0 1 2", "```"]
-    return "\n".join(lines) + "\n"
+              "```bash", f"python recipes/lab/compare.py --algos {name} --families {families[0]} --seeds 0 1 2", "```",
+              ""]
+    rows = lab_rows(name)
+    lines += (["Its rows in the lab's tables (each table's settings and commands are on [the lab's page](../lab.md)):",
+               "", *rows] if rows else ["The lab's tables have no row of it yet."])
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def write_pages(folder: Path) -> list[Path]:
