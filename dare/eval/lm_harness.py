@@ -19,6 +19,8 @@ so plain ``lm_eval --model dare`` cannot see it. In Python, ``import dare.eval.l
   one-token continuation the only mask count is 1, so the value is the exact ``log p(token | context, [MASK])``.
   ``is_greedy`` is exact for one-token continuations of masked families (the masked position's argmax) and False
   otherwise.
+* The engine's options are model arguments too, by their field names (the hf engine's ``compile=true`` and
+  ``compile_mode``: compiled decoding; SGLang's ``mem_fraction``, ``tp``, ...).
 """
 
 from dataclasses import fields
@@ -58,24 +60,27 @@ class DARELM(LM):
                  dtype: str = "auto", device: str | None = None, engine: str = "hf", seed: int = 0,
                  attn_implementation: str = "sdpa", max_batch_size: int | None = None, **knobs):
         super().__init__()
-        unknown = sorted(set(knobs) - set(KNOBS))
+        kind = get_engine(engine)
+        own = {f.name for f in fields(kind.options)} if kind.options is not None else set()
+        unknown = sorted(set(knobs) - set(KNOBS) - own)
         if unknown:
             raise ValueError(f"unknown model argument(s) {unknown}; DARE's are pretrained, batch_size, mc_num, "
-                             f"mc_seed, dtype, device, engine, seed, attn_implementation and the sampling knobs "
-                             f"{sorted(KNOBS)}")
-        self.sampling = SamplingConfig(**{k: _value(v) for k, v in knobs.items()})
+                             f"mc_seed, dtype, device, engine, seed, attn_implementation, the sampling knobs "
+                             f"{sorted(KNOBS)} and the {engine} engine's options {sorted(own)}")
+        options = kind.options(**{k: _value(v) for k, v in knobs.items() if k in own}) if own else None
+        self.sampling = SamplingConfig(**{k: _value(v) for k, v in knobs.items() if k not in own})
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # lm-eval's --batch_size; "auto": 8
         self.mc_num, self.mc_seed, self.seed = int(mc_num), int(mc_seed), int(seed)
         self.pretrained = pretrained
         config, self.tokenizer, self.family = load_config(pretrained)
         self.max_positions = max_positions(config)
-        check_decoding(get_engine(engine), self.sampling, self.family, "model_args", 0, self.max_positions)
+        check_decoding(kind, self.sampling, self.family, "model_args", 0, self.max_positions, options)
         if not device or (device.startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's --device defaults to cuda
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self._device = torch.device(device)
         self.model = load_weights(pretrained, config, torch_dtype, attn_implementation).to(self._device).eval()
-        self.engine = make_engine(engine, pretrained, self.tokenizer, self.family, model=self.model,
+        self.engine = make_engine(engine, pretrained, self.tokenizer, self.family, model=self.model, options=options,
                                   max_batch_size=self.batch_size)
 
     @property

@@ -24,8 +24,7 @@ from opencompass.models.base import BaseModel
 from opencompass.registry import MODELS
 
 from ..engines import get_engine, make_engine
-from ..models import load_pretrained
-from ..models.loading import load_config
+from ..models.loading import load_config, load_weights
 from ..sampling import SamplingConfig
 from .loglik import elbo_of_ids
 
@@ -61,15 +60,15 @@ class DARECompassModel(BaseModel):
             raise ValueError(f"unknown sampling keys {sorted(unknown)}{hint}; known: {sorted(known)}")
         self.sampling, self.elbo_samples, self.seed = dict(sampling or {}), elbo_samples, seed
         kind, self.model = get_engine(engine), None
-        if kind.needs_weights:
-            dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-            self.model, self.tokenizer, self.family = load_pretrained(path, dtype=dtype)
-            self.model = self.model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-        else:
-            _, self.tokenizer, self.family = load_config(path)
-        # the engine's refusals now; the sampler's, which depend on gen_length, at each generate
+        config, self.tokenizer, self.family = load_config(path)
+        # the engine's refusals before any weights load; the sampler's, which depend on gen_length, at each generate
         kind.check(SamplingConfig(**self.sampling).resolve(self.family), self.family)
         settings = kind.options(**(options or {})) if kind.options else None
+        if settings is not None:
+            kind.check_options(settings, self.family)  # the hf engine's compile=True on a family it cannot compile
+        if kind.needs_weights:
+            dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+            self.model = load_weights(path, config, dtype).to("cuda" if torch.cuda.is_available() else "cpu").eval()
         self.engine = make_engine(engine, path, self.tokenizer, self.family, model=self.model, options=settings)
 
     def generate(self, inputs: list, max_out_len: int, **kwargs) -> list[str]:
