@@ -40,7 +40,7 @@ def test_commands_refer_to_real_files():
 def tiny_name(model: str) -> str:
     for key, family in (("tiny:", None), ("diffusiongemma", "diffusion_gemma"),
                         ("LLaDA2", "llada2"), ("LLaDA", "llada"), ("Dream", "dream"),
-                        ("SDAR-30B", "sdar_moe"), ("SDAR", "sdar")):
+                        ("SDAR-30B", "sdar_moe"), ("SDAR", "sdar"), ("TraDo", "sdar")):
         if key in model:
             return model if family is None else f"tiny:{family}"
     raise AssertionError(f"README names a model of no known family: {model}")
@@ -56,7 +56,7 @@ def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
              and "--engine sglang" not in ln  # SGLang's own environment: tests/test_sglang_real.py runs those
              and " outputs/" not in ln]  # a model an earlier command of its page trains: tests/test_docs.py
     assert lines
-    for line in lines:
+    for i, line in enumerate(lines):
         argv = shlex.split(line)[2:]
         if "--compare" in argv:  # needs earlier reports; tests/test_eval.py covers it
             continue
@@ -73,8 +73,9 @@ def test_evaluate_commands_run_with_tiny_stand_ins(tmp_path):
             argv[argv.index("--gen-length") + 1] = "32"
             if "--steps" in argv:
                 argv[argv.index("--steps") + 1] = "32"
+        (tmp_path / str(i)).mkdir()  # each line its own outputs/eval (a folder refuses another run's samples)
         res = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], input="hello\n", text=True,
-                             capture_output=True, timeout=300, cwd=tmp_path)
+                             capture_output=True, timeout=300, cwd=tmp_path / str(i))
         assert res.returncode == 0, (line, res.stderr[-2000:])
         assert "tokens/s" in res.stderr, line
 
