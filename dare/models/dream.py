@@ -42,6 +42,8 @@ class DreamModel(DiffusionLM):
 
     config_class = DreamConfig
     _no_split_modules = ["Qwen2DecoderLayer"]
+    # tied where the config says so (Dream's own is not; small Qwen2.5 models converted by dare.convert are)
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)

@@ -1,0 +1,93 @@
+"""``python -m dare.convert``: a causal LM becomes a ``dream`` (masked-diffusion) model that reproduces the source's
+logits under a causal mask (its weights and layers are the source's), attends both ways without one, and which DARE
+loads, decodes and fine-tunes."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from dare.convert import convert
+from dare.models import load_pretrained, masks
+from dare.models.tokenizers import tiny_tokenizer
+
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=256, rms_norm_eps=1e-6)
+
+
+def causal_folder(tmp_path, kind: str, tie: bool = False, mask: bool = True):
+    """A random tiny causal LM of ``kind`` saved with a Qwen-format tokenizer (``mask=False``: none declared)."""
+    tok = tiny_tokenizer("dream")
+    if not mask:
+        tok.mask_token = None
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    config_class, model_class = classes[kind]
+    config = config_class(**SHAPE, vocab_size=len(tok), tie_word_embeddings=tie, eos_token_id=tok.eos_token_id,
+                          bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    with torch.no_grad():  # Qwen2's q/k/v biases start at 0: random ones make the check mean something
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    path = tmp_path / f"causal-{kind}"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, model, tok
+
+
+@pytest.mark.parametrize("kind,tie", [("qwen2", False), ("qwen2", True), ("llama", False)])
+@torch.no_grad()
+def test_under_a_causal_mask_the_logits_are_the_sources_and_without_one_attention_is_bidirectional(tmp_path, kind,
+                                                                                                    tie):
+    path, causal, tok = causal_folder(tmp_path, kind, tie)
+    convert(str(path), str(tmp_path / "dream"))
+    model, tokenizer, family = load_pretrained(str(tmp_path / "dream"))
+    assert family.name == "dream" and family.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
+    ids = torch.randint(20, len(tok) - 8, (2, 12), generator=torch.Generator().manual_seed(1))
+    want = causal(ids).logits
+    lower = torch.ones(2, 12, 12, dtype=torch.bool).tril()
+    got = model(ids, attention_mask=masks.additive(lower, torch.float32), position_ids=torch.arange(12)[None]).logits
+    assert (got - want).abs().max() < 1e-5, f"{(got - want).abs().max():.2e}"
+    assert (model(ids[:, :1]).logits - want[:, :1]).abs().max() < 1e-5  # one token: attention cannot differ
+    both_ways = model(ids).logits
+    assert (both_ways[:, -1] - want[:, -1]).abs().max() > 1e-3, "unmasked, earlier positions see later tokens"
+    if tie:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_mask_token_is_added_where_the_tokenizer_has_none(tmp_path):
+    path, _, tok = causal_folder(tmp_path, "qwen2", mask=False)
+    model, tokenizer = convert(str(path), str(tmp_path / "dream"), mask_token="<|new_mask|>")
+    assert tokenizer.mask_token == "<|new_mask|>" and tokenizer.mask_token_id == len(tok)
+    assert model.config.vocab_size == len(tok) + 1 == model.lm_head.weight.shape[0]
+    assert load_pretrained(str(tmp_path / "dream"))[2].mask_id == len(tok)
+
+
+def test_what_the_dream_decoder_cannot_carry_is_refused_before_the_weights_load(tmp_path):
+    path, _, _ = causal_folder(tmp_path, "llama")
+    config = LlamaConfig.from_pretrained(path)
+    config.attention_bias = True
+    config.save_pretrained(path)
+    res = subprocess.run([sys.executable, "-m", "dare.convert", str(path), str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip().startswith("error: llama: biases on the attention output")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_converted_model_decodes_and_fine_tunes(tmp_path):
+    """The A2D step the module's docstring shows: SFT on the converted folder runs (two steps), then it decodes."""
+    path, _, _ = causal_folder(tmp_path, "qwen2")
+    res = subprocess.run([sys.executable, "-m", "dare.convert", str(path), str(tmp_path / "a2d")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "a dream model" in res.stdout, res.stderr[-2000:]
+    res = subprocess.run([sys.executable, "train_sft.py", "--model", str(tmp_path / "a2d"), "--data.path", "task:sum4",
+                          "--data.max-length", "96", "--max-steps", "2", "--output-dir", str(tmp_path / "sft")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "sft"), "--prompt", "1+2=",
+                          "--gen-length", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
