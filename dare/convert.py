@@ -2,16 +2,20 @@
 then adapts:
 
     python -m dare.convert Qwen/Qwen2.5-0.5B-Instruct outputs/a2d-qwen --to dream
+    python -m dare.convert Qwen/Qwen3-0.6B outputs/a2d-qwen3 --to sdar --block-size 4
     python train_sft.py --model outputs/a2d-qwen --data.path task:sum4 --output-dir outputs/a2d-qwen-sft
 
 ``--to dream`` makes a masked-diffusion model of the ``dream`` family, which is exactly what Dream itself is (Qwen2.5
 initialised, arXiv 2508.15487): the same weights under bidirectional attention, the prediction for token i still read
 at position i - 1 (the family's shifted logits), so the AR model's next-token head is the denoiser's starting point.
-Sources: Qwen2 (Qwen2.5) and Llama-architecture models (Llama, Mistral-style dense; their q/k/v take zero biases, an
-exact identity). A mask token is added to the tokenizer where it has none (its embedding row the mean of the others,
-if the vocabulary must grow). Nothing else changes: given a causal attention mask the converted model reproduces the
-source's logits at every position (tests/test_convert.py); without one it attends both ways, which the A2D SFT then
-teaches it to use.
+Its sources: Qwen2 (Qwen2.5) and Llama-architecture models (Llama, Mistral-style dense; their q/k/v take zero biases,
+an exact identity). ``--to sdar`` makes a block-diffusion model of the ``sdar`` family from a Qwen3 checkpoint, which
+is SDAR's own starting point (Qwen3 with block-causal attention); SDAR reads the prediction for token i at position i,
+so, as in dllm's A2D recipes (github.com/ZHZisZZ/dllm, ``right_shift_logits`` off), SFT moves the head by one.
+A mask token is added to the tokenizer where it has none (its embedding row the mean of the others, if the vocabulary
+must grow). Nothing else changes: given a causal attention mask the converted model reproduces the source's logits at
+every position (tests/test_convert.py); without one it attends both ways (or block-causally), which SFT then teaches
+it to use.
 """
 
 import argparse
@@ -20,40 +24,48 @@ import sys
 import torch
 
 from .models.dream import DreamConfig, DreamModel
+from .models.sdar import SDARConfig, SDARForCausalLM
 
-# source model_type -> what DARE reads from it (the rest of its config.json describes the same decoder)
-SOURCES = {"qwen2": "Qwen2 / Qwen2.5", "llama": "Llama", "mistral": "Mistral"}
-TARGETS = ("dream",)
+# target -> (the source model_types it takes, its config and model classes)
+TARGETS = {"dream": ({"qwen2": "Qwen2 / Qwen2.5", "llama": "Llama", "mistral": "Mistral"}, DreamConfig, DreamModel),
+           "sdar": ({"qwen3": "Qwen3"}, SDARConfig, SDARForCausalLM)}
 DROPPED = ("model_type", "architectures", "transformers_version", "auto_map", "attention_bias", "mlp_bias",
-           "pretraining_tp", "head_dim", "_name_or_path")
+           "pretraining_tp", "_name_or_path")
 
 
-def dream_config(source, mask_token_id: int) -> DreamConfig:
-    """The ``dream`` config of the decoder ``source`` describes, or a one-line error naming what it cannot carry."""
+def target_config(source, to: str, mask_token_id: int, block_size: int):
+    """The ``to`` config of the decoder ``source`` describes, or a one-line error naming what it cannot carry."""
+    sources, config_class, model_class = TARGETS[to]
     kind = source.model_type
-    if kind not in SOURCES:
-        raise ValueError(f"cannot convert model_type {kind!r}: the dream target takes {', '.join(SOURCES.values())}")
+    if kind not in sources:
+        raise ValueError(f"cannot convert model_type {kind!r} to {to}: it takes {', '.join(sources.values())}")
     if getattr(source, "attention_bias", False) or getattr(source, "mlp_bias", False):
-        raise ValueError(f"{kind}: biases on the attention output or the MLP have no place in the dream decoder")
-    head_dim = getattr(source, "head_dim", None)
-    if head_dim not in (None, source.hidden_size // source.num_attention_heads):
+        raise ValueError(f"{kind}: biases on the attention or the MLP beyond Qwen's q/k/v have no place in {to}")
+    fields = {k: v for k, v in source.to_dict().items() if k not in DROPPED}
+    head_dim = fields.pop("head_dim", None)
+    if to == "sdar":
+        fields.update(head_dim=head_dim or source.hidden_size // source.num_attention_heads, block_size=block_size)
+    elif head_dim not in (None, source.hidden_size // source.num_attention_heads):
         raise ValueError(f"{kind}: head_dim {head_dim} differs from hidden_size / heads (the dream decoder derives it)")
     rope = getattr(source, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"{kind}: rope scaling {rope.get('rope_type')!r} is not the dream decoder's plain RoPE")
-    if getattr(source, "sliding_window", None) and getattr(source, "use_sliding_window", kind != "qwen2"):
-        raise ValueError(f"{kind}: sliding-window attention is not the dream decoder's full attention")
-    fields = {k: v for k, v in source.to_dict().items() if k not in DROPPED}
+        raise ValueError(f"{kind}: rope scaling {rope.get('rope_type')!r} is not {to}'s plain RoPE")
+    windowed = getattr(source, "use_sliding_window", kind not in ("qwen2", "qwen3"))  # Qwen's: off unless it says
+    if getattr(source, "sliding_window", None) and windowed:
+        raise ValueError(f"{kind}: sliding-window attention is not {to}'s attention")
     fields["use_sliding_window"] = False
-    return DreamConfig(**fields, mask_token_id=mask_token_id, architectures=["DreamModel"])
+    return config_class(**fields, mask_token_id=mask_token_id, architectures=[model_class.__name__])
 
 
-def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|mask|>", dtype: str = "auto"):
+def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|mask|>", dtype: str = "auto",
+            block_size: int = 4):
     """Convert the causal LM at ``source`` (a folder or hub name) and save it to ``target``; the converted model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if to not in TARGETS:
         raise ValueError(f"--to {to!r}: the targets are {', '.join(TARGETS)}")
+    if block_size < 1:
+        raise ValueError(f"--block-size {block_size}: a block holds at least one token")
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = AutoConfig.from_pretrained(source)
     if tokenizer.mask_token is None:
@@ -62,7 +74,7 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
         else:
             tokenizer.add_special_tokens({"mask_token": mask_token})
     mask_id = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
-    new = dream_config(config, mask_id)  # refusals before the weights load
+    new = target_config(config, to, mask_id, block_size)  # refusals before the weights load
     if tokenizer.pad_token is None:  # DARE pads batches: the EOS pads as in the AR model's own generate
         tokenizer.pad_token = tokenizer.eos_token
     causal = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -72,12 +84,12 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
     new.pad_token_id, new.eos_token_id, new.bos_token_id = \
         tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
     weights = causal.state_dict()
-    model = DreamModel(new).to(weights["model.embed_tokens.weight"].dtype)  # then every weight is the source's
+    model = TARGETS[to][2](new).to(weights["model.embed_tokens.weight"].dtype)  # then every weight is the source's
     missing, unexpected = model.load_state_dict(weights, strict=False)
     biases = {k for k in missing if k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))}
     rest = [k for k in missing if k not in biases and not (k == "lm_head.weight" and new.tie_word_embeddings)]
     if rest or unexpected:
-        raise ValueError(f"{config.model_type} -> dream: weights that do not map (missing {rest[:4]}, unexpected "
+        raise ValueError(f"{config.model_type} -> {to}: weights that do not map (missing {rest[:4]}, unexpected "
                          f"{list(unexpected)[:4]})")
     with torch.no_grad():
         for name in biases:  # Llama's q/k/v have no bias: a zero one is the same layer
@@ -92,12 +104,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dare.convert", description=__doc__.split("\n")[0])
     parser.add_argument("source", help="the causal LM: a folder or a hub name")
     parser.add_argument("target", help="the folder the diffusion model is saved to")
-    parser.add_argument("--to", default="dream", choices=TARGETS, help="the DARE family it becomes")
+    parser.add_argument("--to", default="dream", choices=list(TARGETS),
+                        help="the DARE family it becomes: dream (masked; Qwen2, Llama) or sdar (block; Qwen3)")
+    parser.add_argument("--block-size", type=int, default=4, help="sdar: tokens per block (SDAR's own: 4)")
     parser.add_argument("--mask-token", default="<|mask|>", help="the mask token, added if the tokenizer has none")
     parser.add_argument("--dtype", default="auto", help="the weights' dtype (auto: the checkpoint's)")
     args = parser.parse_args(argv)
     try:
-        model, tokenizer = convert(args.source, args.target, args.to, args.mask_token, args.dtype)
+        model, tokenizer = convert(args.source, args.target, args.to, args.mask_token, args.dtype, args.block_size)
     except ValueError as e:
         sys.exit(f"error: {e}")
     print(f"{args.source} -> {args.target}: a {args.to} model, {sum(p.numel() for p in model.parameters()):,} "

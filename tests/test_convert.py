@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from dare.convert import convert
 from dare.models import load_pretrained, masks
@@ -23,7 +23,8 @@ def causal_folder(tmp_path, kind: str, tie: bool = False, mask: bool = True):
     tok = tiny_tokenizer("dream")
     if not mask:
         tok.mask_token = None
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
     config_class, model_class = classes[kind]
     config = config_class(**SHAPE, vocab_size=len(tok), tie_word_embeddings=tie, eos_token_id=tok.eos_token_id,
                           bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
@@ -39,22 +40,22 @@ def causal_folder(tmp_path, kind: str, tie: bool = False, mask: bool = True):
     return path, model, tok
 
 
-@pytest.mark.parametrize("kind,tie", [("qwen2", False), ("qwen2", True), ("llama", False)])
+@pytest.mark.parametrize("kind,tie,to", [("qwen2", False, "dream"), ("qwen2", True, "dream"),
+                                        ("llama", False, "dream"), ("qwen3", True, "sdar")])
 @torch.no_grad()
-def test_under_a_causal_mask_the_logits_are_the_sources_and_without_one_attention_is_bidirectional(tmp_path, kind,
-                                                                                                    tie):
+def test_under_a_causal_mask_the_logits_are_the_sources_and_without_one_attention_opens(tmp_path, kind, tie, to):
     path, causal, tok = causal_folder(tmp_path, kind, tie)
-    convert(str(path), str(tmp_path / "dream"))
-    model, tokenizer, family = load_pretrained(str(tmp_path / "dream"))
-    assert family.name == "dream" and family.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
+    convert(str(path), str(tmp_path / to), to=to)
+    model, tokenizer, family = load_pretrained(str(tmp_path / to))
+    assert family.name == to and family.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
     ids = torch.randint(20, len(tok) - 8, (2, 12), generator=torch.Generator().manual_seed(1))
     want = causal(ids).logits
     lower = torch.ones(2, 12, 12, dtype=torch.bool).tril()
     got = model(ids, attention_mask=masks.additive(lower, torch.float32), position_ids=torch.arange(12)[None]).logits
     assert (got - want).abs().max() < 1e-5, f"{(got - want).abs().max():.2e}"
     assert (model(ids[:, :1]).logits - want[:, :1]).abs().max() < 1e-5  # one token: attention cannot differ
-    both_ways = model(ids).logits
-    assert (both_ways[:, -1] - want[:, -1]).abs().max() > 1e-3, "unmasked, earlier positions see later tokens"
+    opened = model(ids).logits  # dream: both ways; sdar: block-causal, so position 0 sees its block's tokens 1-3
+    assert (opened[:, 0] - want[:, 0]).abs().max() > 1e-3, "unmasked, earlier positions see later tokens"
     if tie:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
@@ -74,7 +75,7 @@ def test_what_the_dream_decoder_cannot_carry_is_refused_before_the_weights_load(
     config.save_pretrained(path)
     res = subprocess.run([sys.executable, "-m", "dare.convert", str(path), str(tmp_path / "out")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 1 and res.stderr.strip().startswith("error: llama: biases on the attention output")
+    assert res.returncode == 1 and res.stderr.strip().startswith("error: llama: biases on the attention or the MLP")
     assert not (tmp_path / "out").exists()
 
 

@@ -107,6 +107,8 @@ class SDARMoeModel(_SDARBackbone):
 class SDARForCausalLM(DiffusionLM):
     config_class = SDARConfig
     _no_split_modules = ["Qwen3DecoderLayer"]
+    # tied where the config says so (SDAR's are not; small Qwen3 models converted by dare.convert are)
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     backbone_class = SDARModel
 
     def __init__(self, config):
