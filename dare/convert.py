@@ -3,6 +3,7 @@ then adapts:
 
     python -m dare.convert Qwen/Qwen2.5-0.5B-Instruct outputs/a2d-qwen --to dream
     python -m dare.convert Qwen/Qwen3-0.6B outputs/a2d-qwen3 --to sdar --block-size 4
+    python -m dare.convert tiny:qwen2 outputs/a2d-tiny          # a random tiny Qwen2 built on the spot (offline)
     python train_sft.py --model outputs/a2d-qwen --data.path task:sum4 --output-dir outputs/a2d-qwen-sft
 
 ``--to dream`` makes a masked-diffusion model of the ``dream`` family, which is exactly what Dream itself is (Qwen2.5
@@ -57,6 +58,37 @@ def target_config(source, to: str, mask_token_id: int, block_size: int):
     return config_class(**fields, mask_token_id=mask_token_id, architectures=[model_class.__name__])
 
 
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6)
+
+
+def tiny_causal(kind: str, seed: int = 0, tie: bool = False, mask_token: bool = True):
+    """``(model, tokenizer)``: a random causal LM of ``kind`` (qwen2, qwen3, llama) with DARE's tiny Qwen-format
+    tokenizer (``mask_token=False``: it declares none), to try and test the conversion offline. Its q/k/v biases are
+    random too (transformers starts them at 0), so a dropped bias shows."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from .models.tokenizers import tiny_tokenizer
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+               "llama": (LlamaConfig, LlamaForCausalLM)}
+    if kind not in classes:
+        raise ValueError(f"tiny:{kind}: the tiny causal models are {', '.join(f'tiny:{k}' for k in classes)}")
+    tok = tiny_tokenizer("dream")
+    if not mask_token:
+        tok.mask_token = None
+    config_class, model_class = classes[kind]
+    config = config_class(**TINY_SHAPE, vocab_size=len(tok), tie_word_embeddings=tie, eos_token_id=tok.eos_token_id,
+                          bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_class(config).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.5)
+    return model, tok
+
+
 def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|mask|>", dtype: str = "auto",
             block_size: int = 4):
     """Convert the causal LM at ``source`` (a folder or hub name) and save it to ``target``; the converted model."""
@@ -66,6 +98,11 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
         raise ValueError(f"--to {to!r}: the targets are {', '.join(TARGETS)}")
     if block_size < 1:
         raise ValueError(f"--block-size {block_size}: a block holds at least one token")
+    if source.startswith("tiny:"):  # built on the spot, saved beside the target as its source
+        model, tok = tiny_causal(source.removeprefix("tiny:"))
+        source = f"{target.rstrip('/')}-source"
+        model.save_pretrained(source)
+        tok.save_pretrained(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = AutoConfig.from_pretrained(source)
     if tokenizer.mask_token is None:
@@ -102,7 +139,7 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dare.convert", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="the causal LM: a folder or a hub name")
+    parser.add_argument("source", help="the causal LM: a folder, a hub name, or tiny:qwen2 / tiny:qwen3 / tiny:llama")
     parser.add_argument("target", help="the folder the diffusion model is saved to")
     parser.add_argument("--to", default="dream", choices=list(TARGETS),
                         help="the DARE family it becomes: dream (masked; Qwen2, Llama) or sdar (block; Qwen3)")

@@ -8,32 +8,15 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig
 
-from dare.convert import convert
+from dare.convert import convert, tiny_causal
 from dare.models import load_pretrained, masks
-from dare.models.tokenizers import tiny_tokenizer
-
-SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256, rms_norm_eps=1e-6)
 
 
 def causal_folder(tmp_path, kind: str, tie: bool = False, mask: bool = True):
     """A random tiny causal LM of ``kind`` saved with a Qwen-format tokenizer (``mask=False``: none declared)."""
-    tok = tiny_tokenizer("dream")
-    if not mask:
-        tok.mask_token = None
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
-    config_class, model_class = classes[kind]
-    config = config_class(**SHAPE, vocab_size=len(tok), tie_word_embeddings=tie, eos_token_id=tok.eos_token_id,
-                          bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = model_class(config).eval()
-    with torch.no_grad():  # Qwen2's q/k/v biases start at 0: random ones make the check mean something
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.5)
+    model, tok = tiny_causal(kind, tie=tie, mask_token=mask)
     path = tmp_path / f"causal-{kind}"
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -81,8 +64,7 @@ def test_what_the_dream_decoder_cannot_carry_is_refused_before_the_weights_load(
 
 def test_the_converted_model_decodes_and_fine_tunes(tmp_path):
     """The A2D step the module's docstring shows: SFT on the converted folder runs (two steps), then it decodes."""
-    path, _, _ = causal_folder(tmp_path, "qwen2")
-    res = subprocess.run([sys.executable, "-m", "dare.convert", str(path), str(tmp_path / "a2d")], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "dare.convert", "tiny:qwen2", str(tmp_path / "a2d")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "a dream model" in res.stdout, res.stderr[-2000:]
     res = subprocess.run([sys.executable, "train_sft.py", "--model", str(tmp_path / "a2d"), "--data.path", "task:sum4",
