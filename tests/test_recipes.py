@@ -19,7 +19,8 @@ RL_RECIPES = [p for p in RECIPES if p not in SFT_RECIPES + EVAL_RECIPES]
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2",
                   "diffusion_gemma": "diffusiongemma"}
-CHECKPOINTS = {"sdar": ("TraDo",)}  # checkpoints of a family's architecture under another name (TraDo: SDAR's)
+# checkpoints of a family's architecture under another name: TraDo (SDAR's), a causal LM dare.convert made ("a2d-")
+CHECKPOINTS = {"sdar": ("TraDo", "outputs/a2d-"), "dream": ("outputs/a2d-",)}
 
 
 def of_family(model: str, family: str) -> bool:
