@@ -444,6 +444,9 @@ NOT_LEARNABLE = {
     "countdown": "a tiny model's SFT start solves none of the held-out puzzles (0.091 at T = 1, the format score; 0 % "
                  "of 200 questions' groups of 8 hold a right answer): its groups spread on format only, and RL has no "
                  "right answer to reinforce",
+    "cycle": "a tiny model's SFT start (1500 steps) answers 1.2 % of 200 held-out questions at T = 1 (greedy 0.5 %) "
+             "and only 5 % of their groups of 8 hold a right and a wrong answer, under the lab's 10 % floor: RL would "
+             "get a gradient from almost none",
 }
 
 
