@@ -74,3 +74,13 @@ def test_the_converted_model_decodes_and_fine_tunes(tmp_path):
     res = subprocess.run([sys.executable, "evaluate.py", "--model", str(tmp_path / "sft"), "--prompt", "1+2=",
                           "--gen-length", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_a2d_bench_runs_and_writes_its_table(tmp_path):
+    """``bench/bench_a2d.py`` end to end at a toy size: convert, two SFT steps, the paired held-out measure."""
+    res = subprocess.run([sys.executable, "bench/bench_a2d.py", "--sources", "tiny:qwen2", "--steps", "2",
+                          "--questions", "4", "--gen-length", "8", "--output-dir", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = (tmp_path / "a2d.md").read_text()
+    assert "| tiny:qwen2 | dream |" in table and (tmp_path / "qwen2-sft" / "model.safetensors").exists()
