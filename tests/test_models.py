@@ -506,3 +506,16 @@ def test_tiny_name_loads_as_asked():
     assert next(model.parameters()).dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
     model, _, _ = load_pretrained("tiny:llada")
     assert next(model.parameters()).dtype == torch.float32 and model.config._attn_implementation == "sdpa"
+
+
+def test_a_llada_moe_checkpoint_is_refused_by_name_before_the_weights_load(tmp_path):
+    """LLaDA-MoE's config.json says ``model_type: llada`` (dllm asks users to edit it): its experts must not meet the
+    dense LLaDA classes as a wall of missing keys."""
+    import json
+
+    from dare.models.loading import load_config
+    config = {"model_type": "llada", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "num_experts": 8, "num_experts_per_tok": 2, "expert_intermediate_size": 32, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="LLaDA-MoE checkpoint .* DARE has no LLaDA-MoE family yet"):
+        load_config(str(tmp_path))

@@ -53,6 +53,9 @@ class LLaDAConfig(DiffusionConfigMixin, PreTrainedConfig):
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
+        if "num_experts" in kwargs or "expert_intermediate_size" in kwargs:  # its config.json says "llada" too
+            raise ValueError("a LLaDA-MoE checkpoint (model_type 'llada' with experts, inclusionAI/LLaDA-MoE-*): DARE "
+                             "has no LLaDA-MoE family yet; the dense LLaDA classes cannot load its experts")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.weight_tying:
