@@ -23,9 +23,21 @@ import argparse
 import sys
 
 import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from .models.dream import DreamConfig, DreamModel
 from .models.sdar import SDARConfig, SDARForCausalLM
+from .models.tokenizers import tiny_tokenizer
 
 # target -> (the source model_types it takes, its config and model classes)
 TARGETS = {"dream": ({"qwen2": "Qwen2 / Qwen2.5", "llama": "Llama", "mistral": "Mistral"}, DreamConfig, DreamModel),
@@ -66,9 +78,6 @@ def tiny_causal(kind: str, seed: int = 0, tie: bool = False, mask_token: bool = 
     """``(model, tokenizer)``: a random causal LM of ``kind`` (qwen2, qwen3, llama) with DARE's tiny Qwen-format
     tokenizer (``mask_token=False``: it declares none), to try and test the conversion offline. Its q/k/v biases are
     random too (transformers starts them at 0), so a dropped bias shows."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    from .models.tokenizers import tiny_tokenizer
     classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                "llama": (LlamaConfig, LlamaForCausalLM)}
     if kind not in classes:
@@ -92,8 +101,6 @@ def tiny_causal(kind: str, seed: int = 0, tie: bool = False, mask_token: bool = 
 def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|mask|>", dtype: str = "auto",
             block_size: int = 4):
     """Convert the causal LM at ``source`` (a folder or hub name) and save it to ``target``; the converted model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     if to not in TARGETS:
         raise ValueError(f"--to {to!r}: the targets are {', '.join(TARGETS)}")
     if block_size < 1:

@@ -77,10 +77,16 @@ def own_knobs(cls) -> list[tuple[str, object, object]]:
             if f.name not in base or default_of(f) != base[f.name]]
 
 
+def families(cls) -> tuple[list[str], list[str], str]:
+    """The families ``cls`` runs on, those it does not, and why not."""
+    on = [f for f in FAMILY_ORDER if cls().supports(f)]
+    return on, [f for f in FAMILY_ORDER if f not in on], cls.why_not if cls.families is not None else NOISE_WHY
+
+
 def try_command(name: str) -> str:
     """A two-step run of ``name`` on the first tiny model it supports."""
     cls = ALGORITHMS.lookup(name)
-    family = next(f for f in FAMILY_ORDER if cls().supports(f))
+    family = families(cls)[0][0]
     data = "--preference.path task:addition" if cls.trainer != "rl" else \
         "--data.path task:sum4 --num-generations 4 --rollout.gen-length 16"
     return (f"python train_rl.py --algo {name} --model tiny:{family} {data} --max-steps 2 --prompts-per-step 2 "
@@ -91,14 +97,13 @@ def card(name: str) -> str:
     """One algorithm: what it is, its paper and code, kind, families, its own knobs, recipes and commands."""
     cls = ALGORITHMS.lookup(name)
     arxiv, code = paper(cls)
-    families = [f for f in FAMILY_ORDER if cls().supports(f)]
+    on, missing, why = families(cls)
     lines = [f"{name}: {summary(cls)}",
              f"  paper: {f'https://arxiv.org/abs/{arxiv}' if arxiv else '—'}" + (f"   code: https://{code}" if code
                                                                                 else ""),
-             f"  kind: {kind(cls)}   families: {', '.join(families)}"]
-    if len(families) < len(FAMILY_ORDER):
-        lines.append(f"  not on {', '.join(f for f in FAMILY_ORDER if f not in families)}: "
-                     f"{cls.why_not if cls.families is not None else NOISE_WHY}")
+             f"  kind: {kind(cls)}   families: {', '.join(on)}"]
+    if missing:
+        lines.append(f"  not on {', '.join(missing)}: {why}")
     lines.append("  knobs (--algo-config.NAME; those that differ from plain GRPO's):")
     lines += [f"    {knob} = {default!r}" + (f"  (GRPO: {grpo!r})" if grpo is not dataclasses.MISSING else "")
               for knob, default, grpo in own_knobs(cls)] or ["    (none)"]
@@ -111,6 +116,7 @@ def card(name: str) -> str:
         lines.append(f"    accelerate launch train_rl.py --config {found[0].relative_to(RECIPES.parent)}")
     lines.append(f"  every knob with its help: python train_rl.py --algo {name} --help")
     return "\n".join(lines) + "\n"
+
 
 NOTATION = (r"$\mathcal{C}(\rho, A) = \min\big(\rho A,\ \operatorname{clip}(\rho, 1 - \epsilon_{low},"
             r" 1 + \epsilon_{high})\, A\big)$ is PPO's clipped surrogate (where $A < 0$ the `dual_clip` $c$, when set,"
@@ -149,15 +155,13 @@ def page(name: str) -> str:
     knobs, recipes and commands."""
     cls = ALGORITHMS.lookup(name)
     arxiv, code = paper(cls)
-    families = [f for f in FAMILY_ORDER if cls().supports(f)]
-    missing = [f for f in FAMILY_ORDER if f not in families]
+    on, missing, why = families(cls)
     objective = inspect.cleandoc(cls.objective)
     lines = [f"# {name}", "", summary(cls)[0].upper() + summary(cls)[1:], "",
              f"- **paper**: [arXiv {arxiv}](https://arxiv.org/abs/{arxiv})" if arxiv else "- **paper**: —",
              *([f"- **authors' code**: [{code}](https://{code})"] if code else []),
-             f"- **kind**: {kind(cls)}", f"- **families**: {', '.join(families)}",
-             *([f"- **not on {', '.join(missing)}**: {cls.why_not if cls.families is not None else NOISE_WHY}"]
-               if missing else []),
+             f"- **kind**: {kind(cls)}", f"- **families**: {', '.join(on)}",
+             *([f"- **not on {', '.join(missing)}**: {why}"] if missing else []),
              "", "## Objective", "", objective, ""]
     if r"\mathcal{C}" in objective:
         lines += [NOTATION, ""]
@@ -181,7 +185,7 @@ def page(name: str) -> str:
     lines += ["## In the lab", "",
               "[The comparison lab](../lab.md) trains every algorithm from one SFT start on tiny models beside a "
               "control whose reward is flipped, and reports each one's held-out gain in standard errors:", "",
-              "```bash", f"python recipes/lab/compare.py --algos {name} --families {families[0]} --seeds 0 1 2", "```",
+              "```bash", f"python recipes/lab/compare.py --algos {name} --families {on[0]} --seeds 0 1 2", "```",
               ""]
     rows = lab_rows(name)
     lines += (["Its rows in the lab's tables (each table's settings and commands are on [the lab's page](../lab.md)):",
@@ -192,6 +196,7 @@ def page(name: str) -> str:
 def write_pages(folder: Path) -> list[Path]:
     """Each algorithm's page written to ``folder/NAME.md``."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in known():
-        (folder / f"{name}.md").write_text(page(name))
-    return [folder / f"{name}.md" for name in known()]
+    written = [folder / f"{name}.md" for name in known()]
+    for path in written:
+        path.write_text(page(path.stem))
+    return written
