@@ -20,6 +20,7 @@ it to use.
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -35,7 +36,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from . import hub
 from .models.dream import DreamConfig, DreamModel
+from .models.loading import looks_local
 from .models.sdar import SDARConfig, SDARForCausalLM
 from .models.tokenizers import tiny_tokenizer
 
@@ -110,8 +113,15 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
         source = f"{target.rstrip('/')}-source"
         model.save_pretrained(source)
         tok.save_pretrained(source)
+    elif looks_local(source) and not os.path.isdir(os.path.expanduser(source)):
+        raise FileNotFoundError(f"causal LM folder {source} does not exist (a hub name is 'org/name')")
+    elif not looks_local(source):
+        hub.before_loading()  # an unreachable hub: cached names load at once, a missing one fails in one line
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as e:
+        raise hub.missing("model", source, e) from e
     tokenizer = AutoTokenizer.from_pretrained(source)
-    config = AutoConfig.from_pretrained(source)
     if tokenizer.mask_token is None:
         if mask_token in tokenizer.get_vocab():
             tokenizer.mask_token = mask_token
@@ -145,7 +155,10 @@ def convert(source: str, target: str, to: str = "dream", mask_token: str = "<|ma
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dare.convert", description=__doc__.split("\n")[0])
+    class Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """The module docstring as written (its commands), every default shown."""
+
+    parser = argparse.ArgumentParser(prog="python -m dare.convert", description=__doc__, formatter_class=Help)
     parser.add_argument("source", help="the causal LM: a folder, a hub name, or tiny:qwen2 / tiny:qwen3 / tiny:llama")
     parser.add_argument("target", help="the folder the diffusion model is saved to")
     parser.add_argument("--to", default="dream", choices=list(TARGETS),
@@ -156,7 +169,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         model, tokenizer = convert(args.source, args.target, args.to, args.mask_token, args.dtype, args.block_size)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"{args.source} -> {args.target}: a {args.to} model, {sum(p.numel() for p in model.parameters()):,} "
           f"parameters, mask token {tokenizer.mask_token!r} (id {tokenizer.mask_token_id})")

@@ -60,6 +60,10 @@ def test_what_the_dream_decoder_cannot_carry_is_refused_before_the_weights_load(
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and res.stderr.strip().startswith("error: llama: biases on the attention or the MLP")
     assert not (tmp_path / "out").exists()
+    res = subprocess.run([sys.executable, "-m", "dare.convert", str(tmp_path / "nowhere"), str(tmp_path / "out")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip() == f"error: causal LM folder {tmp_path / 'nowhere'} does not " \
+        "exist (a hub name is 'org/name')"
 
 
 def test_the_converted_model_decodes_and_fine_tunes(tmp_path):
