@@ -194,5 +194,12 @@ def test_lab_profiles_set_the_algorithms_own_learning_rate(tmp_path):
     assert tuned.learning_rate == 3e-4 and compare.rl_args("gdpo", "tiny:llada", str(tmp_path / "s"), 0,
                                                            lab).learning_rate == lab.learning_rate
     assert compare.expand(["gdpo:lab", "bgpo:lab"]) == ["gdpo:lab", "bgpo:lab"]
+    # a task's own rate where 1e-3 does not learn (sudoku collapses there); an explicit rate wins; the value model
+    # takes the run's rate
+    sudoku = compare.Lab(task="sudoku", families=["sdar"])
+    assert (sudoku.learning_rate, lab.learning_rate) == (compare.TASK_LEARNING_RATE["sudoku"], 1e-3)
+    assert compare.Lab(task="sudoku", learning_rate=1e-3).learning_rate == 1e-3
+    value = compare.rl_args("tracerl:value", "tiny:sdar", str(tmp_path / "v"), 0, sudoku)
+    assert value.learning_rate == value.algo_config.value.learning_rate == 3e-4
     with pytest.raises(SystemExit, match="no lab profile for d1"):
         compare.expand(["d1:lab"])

@@ -114,7 +114,7 @@ def profile(spec: str, family: str | None = None) -> dict:
             if "value" not in get_algorithm(name).__dataclass_fields__:
                 raise SystemExit(f"{name} has no value model (no value field)")
             # its own AdamW at the lab's policy rate (TraceRL's code: 5e-6, five times its policy's 1e-6)
-            found = {"algo_config": {"value": {"model": "policy", "learning_rate": Lab.learning_rate}}}
+            found = {"algo_config": {"value": {"model": "policy"}}}  # its learning rate: rl_args
         else:
             continue
         for section, values in found.items():
@@ -163,7 +163,8 @@ class Lab:
     control_rollouts: int = 30  # for NAME:control runs (unlearning is fast)
     prompts_per_step: int = 16  # prompts per rollout batch
     num_generations: int = 8  # completions per prompt (the group)
-    learning_rate: float = 1e-3  # RL learning rate (constant, no warm-up)
+    # RL learning rate (constant, no warm-up; None: the task's, TASK_LEARNING_RATE, else 1e-3)
+    learning_rate: float | None = None
     offline_learning_rate: float = 1e-4  # for offline preference optimisation (VRPO falls at 1e-3)
     prompt_masking: float | None = 0.0  # p_prompt of the algorithms that mask prompt tokens (None: their defaults)
     num_iterations: int | None = 1  # passes over each rollout batch for all (None: defaults, espo 8, d-treerpo 12)
@@ -177,6 +178,8 @@ class Lab:
     finished_only: bool = False  # tabulate the runs of output_dir that finished (seeds with a result.json); run none
 
     def __post_init__(self):
+        if self.learning_rate is None:
+            self.learning_rate = TASK_LEARNING_RATE.get(self.task, 1e-3)
         needed = answer_length(self.task, self.families)
         if self.gen_length is None:
             self.gen_length = needed
@@ -192,6 +195,9 @@ class Lab:
 # held-out reward was 0.04 to 0.76, and RL from a start on the plateau collapses. Its SFT stops instead at the first
 # training loss below 0.26 (starts 0.55-0.60 for seeds 42, 2 and 5), 10000 steps at most.
 SFT_STEPS = {"diffusion_gemma": 10000}
+# the RL rate of a task where 1e-3 does not learn (bench/results/cpu-2026-12-06/lab52, LLaDA, d1, seed 0): sudoku at
+# 1e-3 collapses to no answers after ~40 rollouts (0.234 -> 0.000, -28.2 SE); at 3e-4 +3.2 SE (0.234 -> 0.259)
+TASK_LEARNING_RATE = {"sudoku": 3e-4}
 SFT_STOP_AT_LOSS = {"diffusion_gemma": 0.26}
 
 
@@ -287,6 +293,8 @@ def rl_args(spec: str, start: str, out: str, seed: int, lab: Lab, family: str | 
     a.max_steps = a.save_steps = (lab.control_rollouts if control else lab.rollouts) * cycle
     a.data.path = write_task(lab.task, str(Path(out).parent / "data" / "train.jsonl"), 4000, 0, "train")
     a.rollout.gen_length, a.rollout.temperature = lab.gen_length, 1.0
+    if "value" in variants:  # its own AdamW at the policy's rate (TraceRL's code: 5e-6, five times its policy's)
+        a.algo_config.value.learning_rate = a.learning_rate
     if control:
         a.rewards = ["auto:-1"]
     # VRPO's pairs: (reference answer, the start's own wrong answer); its control swaps them
