@@ -77,6 +77,15 @@ class Args:
 Args = with_engine_options(Args)  # + the options of each engine that has them (sglang: --mem-fraction, --tp, ...)
 
 
+HELP_GROUPS = {
+    "what to run": "model engine bench protocol prompt system compare plot",
+    "benchmarks": "data_dir limit samples pass_k batch_size output_dir overwrite",
+    "the model": "dtype device attn_implementation seed",
+    "decoding (every SamplingConfig knob; docs/decoding.md)": "sampling",
+    "watching it decode": "show_order trajectory",
+    "engine options (--engine hf: compiled decoding; sglang: docs/sglang.md)": "hf sglang"}
+
+
 def answer(engine, messages: list[dict], args: Args) -> str:
     from dare.eval.trajectory import committed_confidences, write_trajectory_html
 
@@ -211,4 +220,5 @@ def serve(args: Args, engine, family, positions: int | None = None):
 
 
 if __name__ == "__main__":
-    run(main, lambda: parse(Args, config=(tyro.conf.OmitArgPrefixes,)))
+    run(main, lambda: parse(Args, config=(tyro.conf.OmitArgPrefixes,), groups=HELP_GROUPS,
+                            pages="docs/evaluation.md"))

@@ -157,10 +157,12 @@ def peek(key: str, argv: list[str] | None = None, default=None):
     return default
 
 
-def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[str, str] | None = None):
+def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[str, str] | None = None,
+          pages: str = "docs/training.md"):
     """``--config FILE`` (YAML, keys = field names, nested sections for nested dataclasses) sets the defaults;
     every field is also a flag. With ``groups`` (a title -> the space-separated fields it shows, sections included),
-    ``--help`` prints one line per flag under those titles and ``--help-full`` tyro's whole help."""
+    ``--help`` prints one line per flag under those titles (and the docs ``pages`` to read) and ``--help-full``
+    tyro's whole help."""
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
@@ -169,28 +171,28 @@ def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[s
     if known.config:
         default = _apply(default, load_recipe(known.config), known.config)
     if groups and not {"-h", "--help"}.isdisjoint(rest):
-        print(short_help(default, groups))
+        print(short_help(default, groups, prefixes=tyro.conf.OmitArgPrefixes not in config, pages=pages))
         sys.exit(0)
     rest = ["--help" if a == "--help-full" else a for a in rest]
     return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")
 
 
-def short_help(args, groups: dict[str, str]) -> str:
+def short_help(args, groups: dict[str, str], prefixes: bool = True, pages: str = "docs/training.md") -> str:
     """``--help`` a person reads: the script's purpose, then each group's flags one line each (choices, default,
     the help cut to the terminal's width; fields no group names come last, under "other"); ``--help-full`` has it
-    all."""
+    all. ``prefixes=False``: a section's flags without its name (tyro's ``OmitArgPrefixes``)."""
     width = max(100, shutil.get_terminal_size((120, 24)).columns)
     prog = os.path.basename(sys.argv[0])
     lines = [f"usage: {prog} [--config RECIPE.yaml] [--FLAG VALUE ...]", "", (type(args).__doc__ or "").strip(), "",
              "--config FILE: a YAML recipe that sets the defaults (keys = the flags' names). Every flag with its whole",
-             "help: --help-full; the pages: docs/training.md."]
+             f"help: --help-full; the pages: {pages}."]
     named = {name for fields in groups.values() for name in fields.split()}
     rest = " ".join(f.name for f in dataclasses.fields(args) if f.name not in named)
     for title, fields in {**groups, **({"other": rest} if rest else {})}.items():
         lines += ["", f"{title}:"]
         for name in (n for n in fields.split() if hasattr(args, n)):  # sections a script may lack (preference)
-            for flag, default, text in _flags(args, name, ""):
+            for flag, default, text in _flags(args, name, "", prefixes):
                 line = f"  {flag:<44} {default:>12}"
                 room = width - len(line) - 2
                 text = text if len(text) <= room else text[:max(0, room - 1)].rstrip() + "…"
@@ -198,11 +200,12 @@ def short_help(args, groups: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _flags(owner, name: str, prefix: str) -> list[tuple[str, str, str]]:
+def _flags(owner, name: str, prefix: str, prefixes: bool = True) -> list[tuple[str, str, str]]:
     """``(flag with its choices or type, default, help)`` for field ``name`` of ``owner``, a section's each."""
     value = getattr(owner, name)
     if dataclasses.is_dataclass(value):
-        return [flag for f in dataclasses.fields(value) for flag in _flags(value, f.name, f"{prefix}{name}.")]
+        inner = f"{prefix}{name}." if prefixes else ""
+        return [flag for f in dataclasses.fields(value) for flag in _flags(value, f.name, inner, prefixes)]
     kind = typing.get_type_hints(type(owner), include_extras=True).get(name)
     choices = choices_of(kind)
     aliases = [a for m in getattr(kind, "__metadata__", ()) for a in getattr(m, "aliases", None) or ()]

@@ -160,7 +160,7 @@ def test_help_lists_the_algorithm_knobs():
 
 
 @pytest.mark.parametrize("argv", [["train_rl.py", "--algo", "cj-grpo"], ["train_rl.py", "--algo", "vrpo"],
-                                  ["train_sft.py"]], ids=lambda a: " ".join(a))
+                                  ["train_sft.py"], ["evaluate.py"]], ids=lambda a: " ".join(a))
 def test_help_is_grouped_short_and_loses_no_flag(argv):
     """--help: one line per flag under themed titles, the algorithm's knobs first, under 200 lines; every flag of
     --help-full (tyro's whole help) is there, and no field is left to an "other" group."""
