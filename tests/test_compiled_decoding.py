@@ -85,3 +85,26 @@ def test_the_compiled_decoder_follows_weights_changed_in_place():
     after = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True)).generate(PROMPTS, 1, config, seed=0)
     assert not torch.equal(before.completion_ids, eager.completion_ids)  # the change matters
     assert torch.equal(after.completion_ids, eager.completion_ids)
+
+
+@pytest.mark.parametrize("name", ["llada2", "sdar_moe"])
+def test_a_mixture_of_experts_compiles_to_one_graph_with_the_loops_values(name):
+    """The experts' loop breaks the graph where the routing decides shapes (``unique``, ``where``: 11 graphs for
+    tiny LLaDA2, nothing a GPU can capture whole); compiled, every expert runs on every token at its routing weight
+    (0 where unchosen): one graph, the loop's values."""
+    from dare.models.common import SparseMoE
+    torch._dynamo.reset()
+    model, _, _ = load_pretrained(f"tiny:{name}", dtype=torch.float32)
+    moe = next(m for m in model.modules() if isinstance(m, SparseMoE))
+    h = torch.randn(40, model.config.hidden_size)
+    with torch.no_grad():
+        weights, indices = moe.route(h)
+        loop = SparseMoE.forward(moe, h)  # the routed experts only (LLaDA2 adds its shared expert after)
+        assert torch.allclose(moe.every_expert(h, weights, indices), loop, atol=1e-6, rtol=1e-5)
+        ids = torch.randint(10, 500, (4, 40))
+        explained = torch._dynamo.explain(model)(input_ids=ids, attention_mask=torch.ones_like(ids))
+        compiled = torch.compile(model, dynamic=False)(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        eager = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    print(f"{name}: {explained.graph_count} graph(s), compiled vs eager logits {(compiled - eager).abs().max():.1e}")
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    assert torch.allclose(compiled, eager, atol=1e-5)

@@ -195,6 +195,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.reshape(-1, x.shape[-1])
         weights, indices = self.route(h)
+        if torch.compiler.is_compiling():
+            return self.every_expert(h, weights, indices).view_as(x)
         out = torch.zeros_like(h)
         # with several processes every expert runs, on no token where none chose it: the processes must use the
         # same parameters in the same order (ZeRO-3 gathers each expert as it runs; DDP / ZeRO-2 reduce every grad)
@@ -203,6 +205,19 @@ class SparseMoE(nn.Module):
             token, slot = torch.where(indices == e)
             out.index_add_(0, token, (self.experts[e](h[token]) * weights[token, slot, None]).to(h.dtype))
         return out.view_as(x)
+
+    def every_expert(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The same sum with no shape that depends on the routing, for a compiled forward (one graph, which a GPU can
+        capture; the loop above breaks the graph at ``unique`` and ``where``): every expert on every token, weighted
+        by its routing weight, 0 where the token did not choose it. Experts add in the same order, and an unchosen
+        one adds exactly 0, so the values equal the loop's; it costs E/k times the experts' arithmetic, while a small
+        decoding batch on a GPU is bound by reading the experts' weights, which both read once."""
+        chosen = torch.zeros(h.shape[0], len(self.experts), dtype=weights.dtype, device=h.device)
+        chosen = chosen.scatter_add(1, indices, weights)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + (expert(h) * chosen[:, e, None]).to(h.dtype)
+        return out
 
 
 class DiffusionPreTrainedModel(PreTrainedModel):
