@@ -6,21 +6,24 @@ of compiled kernels flip; scaled, they are far apart, as a trained model's are.
 
     python bench/bench_compile.py                          # every family the compile option serves, tiny models (CPU)
     python bench/bench_compile.py --families llada --batch 8 --gen-length 64
+    python bench/bench_compile.py --layers 22   # the tiny models 22 layers deep: a real model's operators a step
     python bench/bench_compile.py --device cuda --dtype bfloat16 --mode reduce-overhead --gen-length 256  # a GPU
 """
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dare.engines.hf import HFEngine, HFOptions  # noqa: E402
-from dare.models import load_pretrained  # noqa: E402
+from dare.models import load_pretrained, save_tiny  # noqa: E402
 from dare.sampling import SamplingConfig  # noqa: E402
 
 
@@ -33,6 +36,14 @@ def operator_calls(model, ids: torch.Tensor) -> int:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             model(input_ids=ids, attention_mask=mask)
     return len(prof.events())
+
+
+def tiny_folder(name: str, layers: int | None) -> str:
+    """``tiny:NAME``, or with ``layers``, a folder holding that tiny model built ``layers`` deep."""
+    if layers is None:
+        return f"tiny:{name}"
+    folder = Path(tempfile.mkdtemp()) / name
+    return save_tiny(name, folder, **{"n_layers" if name == "llada" else "num_hidden_layers": layers})
 
 
 def decode(engine, prompts, config) -> tuple[torch.Tensor, float]:
@@ -53,15 +64,17 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
+    parser.add_argument("--layers", type=int, help="layers of each tiny model (default: the tiny model's 2)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} thread(s)"
     print(f"{where}, {args.dtype}, torch.compile mode {args.mode}, batch {args.batch}, {args.gen_length} tokens\n")
-    print("| family | layers | operator calls a step, eager | compiled | fewer | first decoding (compiling) s | "
-          "eager tok/s | compiled tok/s | speed-up | same greedy tokens |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| family | layers | operator calls a step, eager | compiled | fewer | graphs traced | first decoding "
+          "(compiling) s | eager tok/s | compiled tok/s | speed-up | same greedy tokens |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.families:
         torch._dynamo.reset()
-        model, tokenizer, family = load_pretrained(f"tiny:{name}", dtype=getattr(torch, args.dtype))
+        model, tokenizer, family = load_pretrained(tiny_folder(name, args.layers), dtype=getattr(torch, args.dtype))
         with torch.no_grad():
             model.to(args.device).eval().get_output_embeddings().weight.mul_(40.0)
         prompts = [[{"role": "user", "content": f"What is {i} + {2 * i}?"}] for i in range(args.batch)]
@@ -70,11 +83,13 @@ def main(argv=None):
             HFEngine(model, tokenizer, family, args.batch, HFOptions(compile=True, compile_mode=args.mode))
         ids = torch.randint(10, 500, (args.batch, 24 + args.gen_length), device=args.device)
         calls = operator_calls(model, ids), operator_calls(compiled.decoder, ids)
+        graphs = counters["stats"]["unique_graphs"]
         first = decode(compiled, prompts, config)[1]
+        graphs = counters["stats"]["unique_graphs"] - graphs
         (a, t_eager), (b, t_compiled) = decode(eager, prompts, config), decode(compiled, prompts, config)
         tokens = args.batch * args.gen_length
         layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layers", "?")
-        print(f"| {name} | {layers} | {calls[0]} | {calls[1]} | {calls[0] / calls[1]:.1f}x | {first:.1f} | "
+        print(f"| {name} | {layers} | {calls[0]} | {calls[1]} | {calls[0] / calls[1]:.1f}x | {graphs} | {first:.1f} | "
               f"{tokens / t_eager:.0f} | {tokens / t_compiled:.0f} | {t_eager / t_compiled:.1f}x | "
               f"{torch.equal(a, b)} |", flush=True)
 

@@ -13,6 +13,11 @@ from dare.sampling import SamplingConfig
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {2 * i}?"}] for i in range(5)]
 
 
+def label(value) -> str:
+    """A test id: the family's name, or the knobs as k=v (plain: none)."""
+    return value if isinstance(value, str) else ",".join(f"{k}={x}" for k, x in value.items()) or "plain"
+
+
 def peaked(name: str):
     """A tiny model whose output layer is scaled up: its confidences are far apart, so the 1e-7 rounding by which
     compiled and eager logits differ cannot flip which position a step commits (random tiny models are near ties)."""
@@ -26,7 +31,7 @@ def peaked(name: str):
     ("llada", {}), ("llada", {"cache": "prefix", "block_length": 8}), ("llada", {"cache": "dual", "block_length": 8}),
     ("llada", {"threshold": 0.5, "block_length": 8}), ("dream", {}), ("dream", {"cache": "dual", "block_length": 8}),
     ("sdar", {}), ("sdar", {"cache": "none"}), ("llada2", {}), ("sdar_moe", {"threshold": 0.5})],
-    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "plain")
+    ids=label)
 def test_compiled_decoding_gives_the_eager_tokens_and_forward_counts(name, knobs):
     torch._dynamo.reset()
     model, tokenizer, family = peaked(name)
@@ -108,3 +113,46 @@ def test_a_mixture_of_experts_compiles_to_one_graph_with_the_loops_values(name):
     print(f"{name}: {explained.graph_count} graph(s), compiled vs eager logits {(compiled - eager).abs().max():.1e}")
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     assert torch.allclose(compiled, eager, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, knobs", [("sdar", {}), ("sdar", {"threshold": 0.5}), ("llada2", {}),
+                                         ("llada2", {"editing_threshold": 0.9, "threshold": 0.5})],
+                         ids=label)
+def test_the_fixed_size_block_cache_decodes_the_growing_caches_tokens(name, knobs):
+    """Compiled decoding's block cache (``FixedBlocks``: as wide as the canvas, unfilled columns masked, finished rows
+    kept) against the growing one, eager: the same tokens, steps and forwards, with rows of different prompt lengths
+    (padding) and rows that stop after their second or fourth block (a stop token given in the canvas)."""
+    from dare.sampling import generate
+    model, tokenizer, family = peaked(name)
+    block = family.block_size
+    ids = torch.randint(10, 500, (6, 2 * block + 5))
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate((9, 3, 0, 1, 5, 0)):
+        mask[row, :pad] = 0
+    canvas = torch.full((6, 6 * block), family.mask_id)
+    canvas[0, block + 1] = canvas[3, block] = canvas[4, 3 * block + 2] = family.stop_ids[0]
+    config = SamplingConfig(gen_length=6 * block, temperature=0.0, **knobs)
+    growing = generate(model, family, ids, mask, config, canvas=canvas)
+    fixed = generate(model, family, ids, mask, config, canvas=canvas, fixed_shapes=True)
+    decoded = (growing.step_map >= 0).sum(-1)
+    print(f"{name} {knobs}: tokens decoded a row {decoded.tolist()}, {growing.nfe} forwards")
+    assert torch.equal(growing.sequences, fixed.sequences) and torch.equal(growing.step_map, fixed.step_map)
+    assert growing.nfe == fixed.nfe
+    assert decoded.min() < decoded.max()  # rows left the growing cache early; the fixed one kept them
+
+
+def test_compiled_block_decoding_traces_a_few_graphs_whatever_the_number_of_blocks():
+    """A growing cache gives each block a new key length, so a compiled model traces two graphs a block (and falls
+    back to eager past the recompile limit); the fixed-size one traces three for the whole decoding: the prompt
+    blocks, one block, and one block with the block before it."""
+    torch._dynamo.reset()
+    model, tokenizer, family = peaked("sdar")
+    engine = HFEngine(model, tokenizer, family, 8, HFOptions(compile=True))
+    config = SamplingConfig(gen_length=8 * family.block_size, temperature=0.0, stop_at_eos=False)
+    before = counters["stats"]["unique_graphs"]
+    compiled = engine.generate(PROMPTS, 1, config, seed=0)
+    graphs = counters["stats"]["unique_graphs"] - before
+    eager = HFEngine(model, tokenizer, family, 8).generate(PROMPTS, 1, config, seed=0)
+    print(f"sdar, {config.gen_length // family.block_size} blocks: {graphs} graphs compiled")
+    assert torch.equal(compiled.completion_ids, eager.completion_ids) and compiled.nfe == eager.nfe
+    assert graphs <= 3

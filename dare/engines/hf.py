@@ -88,7 +88,7 @@ class HFEngine(Engine):
                 if partial is not None and len(padded) > len(rows):
                     partial = torch.cat([partial, partial[-1:].expand(len(padded) - len(rows), -1)])
                 out = generate(self.decoder, self.family, prompt_ids, prompt_mask, config, generator, partial,
-                               from_step, to_step)
+                               from_step, to_step, fixed_shapes=self.settings.compile)
                 own = slice(len(rows)), slice(wider, None)  # the micro-batch's rows and prompt columns
                 parts.append((prompt_ids[own], prompt_mask[own], first_rows(out, len(rows))))
         finally:

@@ -25,7 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from .masks import BlockMask, for_attention, positions_from_padding, visible
+from .masks import BlockMask, fixed_width, for_attention, positions_from_padding, visible
 
 # transformers 5.24 renamed the output field past_key_values -> cache (older versions, e.g. 5.19 pinned by SGLang
 # 0.5.23, only know past_key_values)
@@ -274,8 +274,12 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if use_cache and cache is None:
             cache = DynamicCache()
-        past = cache.get_seq_length() if cache is not None else 0
-        position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids)
+        width = fixed_width(cache)
+        if width is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids)
+        else:
+            position_ids, mask = self._fixed_cache_mask(attention_mask, position_ids, key_position_ids, h, width)
         position_embeddings = self.rotary_emb(h, position_ids)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, **{cache_kwarg(type(layer)): cache},
@@ -311,6 +315,23 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         ok = visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
         if self.config._attn_implementation.startswith("flash"):
             return position_ids, self._flash_mask(ok, attention_mask)
+        return position_ids, for_attention(ok, h.dtype, self.config._attn_implementation)
+
+    def _fixed_cache_mask(self, attention_mask, position_ids, key_position_ids, h, width):
+        """A fixed-size cache (compiled decoding) returns all its ``width`` key columns at every call, however far it
+        is filled: the caller marks the valid ones (``attention_mask`` ``[B, width]``, the current tokens' columns
+        included) and gives every position (``position_ids`` of the queries, ``key_position_ids`` ``[B, width]``), so
+        no shape depends on the fill."""
+        batch = h.shape[0]
+        if attention_mask is None or tuple(attention_mask.shape) != (batch, width) or position_ids is None \
+                or key_position_ids is None or key_position_ids.shape[-1] != width:
+            raise ValueError(f"a fixed-size cache of {width} columns needs attention_mask [B, {width}] (its valid "
+                             f"keys), position_ids and key_position_ids [B, {width}]")
+        if self.config._attn_implementation.startswith("flash"):
+            raise ValueError("a fixed-size cache masks its unfilled columns, which flash-attn cannot: load the model "
+                             "with attn_implementation='sdpa' (or 'eager', 'flex_attention')")
+        ok = visible(position_ids.expand(batch, -1), key_position_ids.expand(batch, -1), self.block_size,
+                     k_valid=attention_mask.bool())
         return position_ids, for_attention(ok, h.dtype, self.config._attn_implementation)
 
     def _flash_mask(self, ok, attention_mask):

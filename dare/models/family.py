@@ -145,7 +145,7 @@ class Family:
             if clean_ids is None:
                 return self._packed_logits(model, input_ids, segment_ids, keep)
         if clean_ids is None:
-            if cache is not None and self.block_size is not None:
+            if cache is not None and self.block_size is not None and masks.fixed_width(cache) is None:
                 self._check_whole_blocks(cache, attention_mask, input_ids.shape[1])
             width = input_ids.shape[1]
             if masked:  # a shifted family's position i reads row i - 1 (position 0 itself)

@@ -28,6 +28,12 @@ from torch.nn.attention.flex_attention import BlockMask
 FLEX = "flex_attention"  # transformers' name of the FlexAttention path (``AttentionInterface``)
 
 
+def fixed_width(cache) -> int | None:
+    """The key columns of a fixed-size cache (transformers' ``StaticCache``, compiled decoding: every call returns all
+    of them, valid or not), None for a cache that grows (``DynamicCache``) or none."""
+    return cache.layers[0].max_cache_len if getattr(cache, "is_compileable", False) else None
+
+
 def positions_from_padding(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions of a (left- or right-) padded batch: real tokens count 0, 1, 2, ...; pads repeat a neighbour."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -20,10 +20,13 @@ from .config import (
 
 def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
              config: SamplingConfig | None = None, generator: torch.Generator | None = None,
-             canvas: torch.Tensor | None = None, from_step: int = 0, to_step: int | None = None) -> Generation:
+             canvas: torch.Tensor | None = None, from_step: int = 0, to_step: int | None = None,
+             fixed_shapes: bool = False) -> Generation:
     """Decode ``gen_length`` tokens after each (left-padded) prompt with the family's sampler. A decoding with a
     fixed schedule can be resumed: ``canvas`` is the generated region so far (masks where undecoded) and only the
-    scheduled steps ``from_step .. to_step - 1`` run (tree rollouts; ``schedule_length`` counts the steps)."""
+    scheduled steps ``from_step .. to_step - 1`` run (tree rollouts; ``schedule_length`` counts the steps).
+    ``fixed_shapes``: ``model`` is compiled; keep the shapes of its calls few (block families: a block cache of the
+    canvas's size; the same tokens)."""
     # here, not at the top: --help imports this package, and dare.models and the samplers import transformers
     from ..models.family import max_positions
     from .block import generate_block
@@ -46,7 +49,7 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
             return generate_uniform(model, family, prompt_ids, prompt_mask.long(), config, generator)
         if family.is_block_diffusion:
             return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas,
-                                  from_step, to_step)
+                                  from_step, to_step, fixed_shapes)
         return generate_masked(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas, from_step,
                                to_step)
 

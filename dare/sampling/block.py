@@ -7,9 +7,8 @@ resumes exactly. How it follows the official samplers: ``generate_block``.
 """
 
 import torch
-from transformers.cache_utils import DynamicCache
 
-from .cache import keep_rows, truncate
+from .cache import FixedBlocks, GrowingBlocks
 from .config import Generation, plan_block
 from .primitives import (
     CONFIDENCE,
@@ -23,7 +22,8 @@ from .primitives import (
 )
 
 
-def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None):
+def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canvas=None, from_step=0, to_step=None,
+                   fixed_shapes=False):
     """Decode ``cfg.gen_length`` tokens after each left-padded prompt, as the official samplers (SDAR
     ``generate.py``, LLaDA2 ``generate``) do:
 
@@ -46,7 +46,8 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     (``editing_threshold``): every step also overwrites already decoded tokens of the block whose new proposal
     differs with confidence above the threshold; once the block has no masks it keeps refining for up to
     ``max_post_steps`` steps while anything changes. ``step_map`` keeps the step of the first unmasking (edits
-    cannot be replayed from it)."""
+    cannot be replayed from it). ``fixed_shapes`` (a compiled model): the block cache is one tensor as wide as the
+    canvas and finished rows stay in the batch (``cache.FixedBlocks``), so the forwards take a few shapes only."""
     block, length, cache_mode = family.block_size, cfg.gen_length, cfg.cache or "block"
     steps = plan_block(cfg, family)
     dynamic = cfg.threshold is not None or cfg.factor is not None
@@ -67,14 +68,9 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     out = Generation(None, None, None)
     quota = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(
         torch.full((n_rows,), block, device=x.device), steps)  # counted from the block size (official)
-    cache = DynamicCache() if cache_mode == "block" else None
-    if cache is not None and n_full:  # the full prompt blocks, once per distinct prompt (a GRPO group shares one)
-        distinct, copy = torch.unique(torch.cat([x[:, :n_full], attn[:, :n_full]], 1), dim=0, return_inverse=True)
-        if len(distinct) < n_rows:  # (unique sorts its rows: the copy puts each back in its place)
-            model(distinct[:, :n_full], attention_mask=distinct[:, n_full:], cache=cache)
-            keep_rows(cache, copy)
-        else:
-            model(x[:, :n_full], attention_mask=attn[:, :n_full], cache=cache)
+    cache = (FixedBlocks if fixed_shapes else GrowingBlocks)(model, total) if cache_mode == "block" else None
+    if cache is not None and n_full:  # the full prompt blocks
+        cache.prefill(model, x, attn, n_full)
         out.nfe += 1
     slot = block if dynamic else steps  # global steps owned by each block (a threshold commits >= 1 per step)
     pending, step = None, 0  # pending: start of the first finished block whose K/V are not cached yet
@@ -91,7 +87,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
             pending = start if pending is None else pending  # decoded before the resume: cache it with the next
             continue
         masked = (x[:, start:end] == family.mask_id) & live[:, None]
-        rows = None if bool(live.all()) else live.nonzero()[:, 0]
+        rows = None if bool(live.all()) or (cache is not None and not cache.drops_rows) else live.nonzero()[:, 0]
         generated = masked.clone()  # positions of this block that are decoded (not prompt, not padding)
         post, edited, carry = 0, True, torch.zeros(n_rows, dtype=torch.long, device=x.device)
         while ((masked.any() and (dynamic or j < steps)) or (editing and edited and post < cfg.max_post_steps)) \
@@ -101,8 +97,8 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
                 lg = family.logits(model, xs[:, :end], attns[:, :end])[:, start:]
             else:
                 first = start if pending is None else pending
-                lg = family.logits(model, xs[:, first:end], attns[:, :end], cache=cache)[:, -block:]
-                truncate(cache, start)
+                lg = family.logits(model, xs[:, first:end], **cache.inputs(attns, first, end))[:, -block:]
+                cache.keep(start)
                 pending = None
             if rows is not None:  # finished rows get flat logits: nothing of theirs is masked, so nothing commits
                 lg = lg.new_zeros((n_rows, *lg.shape[1:])).index_copy_(0, rows, lg)
@@ -142,8 +138,8 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
             finished = (torch.isin(x[:, :end], stop_ids) & decodable[:, :end]).any(-1)
             if bool(finished.all()):
                 break
-            if cache is not None and bool((finished & live).any()):
-                keep_rows(cache, (~finished[live]).nonzero()[:, 0])  # the cache's rows are the live ones
+            if cache is not None and cache.drops_rows and bool((finished & live).any()):
+                cache.keep_rows((~finished[live]).nonzero()[:, 0])  # the cache's rows are the live ones
             live &= ~finished
 
     seq, steps_taken, blk = (t.gather(1, region) for t in (x, step_map, block_step))
