@@ -10,13 +10,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 python3 -c "import sys; sys.path.insert(0, '.'); import dare.algos, dare.engines, train_rl; print('imports ok')" 2>&1 | tee $OUT/env.txt
 grep -q "imports ok" $OUT/env.txt || exit 2
 date +%s > $OUT/t0
-for mode in default reduce-overhead; do  # LLaDA without cache: one shape; SDAR's cache grows: a shape per block
-    timeout 80 python3 bench/bench_compile.py --device cuda --dtype bfloat16 --mode $mode --families llada \
+for mode in default reduce-overhead; do  # LLaDA without cache: one graph
+    timeout 60 python3 bench/bench_compile.py --device cuda --dtype bfloat16 --mode $mode --families llada \
         --batch 8 --gen-length 256 2>&1 | grep -v "^W\|^ " | tee $OUT/bench_compile_llada_$mode.txt
 done
-timeout 120 python3 bench/bench_compile.py --device cuda --dtype bfloat16 --families sdar --batch 8 --gen-length 32 \
-    2>&1 | grep -v "^W\|^ " | tee $OUT/bench_compile_sdar.txt
-timeout 150 python3 bench/gpu_check.py --families sdar_moe diffusion_gemma --lengths 256 512 2>&1 | tee $OUT/gpu_check.txt
-timeout 120 python3 bench/bench_flex.py --device cuda --dtype bfloat16 --hidden 1024 --layers 8 --rows 8 \
+for family in sdar llada2; do  # the fixed-size block cache: three graphs for any length, captured as CUDA graphs
+    timeout 80 python3 bench/bench_compile.py --device cuda --dtype bfloat16 --mode reduce-overhead \
+        --families $family --batch 8 --gen-length 256 2>&1 | grep -v "^W\|^ " | tee $OUT/bench_compile_$family.txt
+done
+timeout 120 python3 bench/gpu_check.py --families sdar_moe diffusion_gemma --lengths 256 512 2>&1 | tee $OUT/gpu_check.txt
+timeout 80 python3 bench/bench_flex.py --device cuda --dtype bfloat16 --hidden 1024 --layers 8 --rows 8 \
     --lengths 1024 2048 4096 2>&1 | tee $OUT/bench_flex.txt
 echo "total $(( $(date +%s) - $(cat $OUT/t0) )) s"

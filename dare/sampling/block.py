@@ -68,7 +68,7 @@ def generate_block(model, family, prompt_ids, prompt_mask, cfg, generator, canva
     out = Generation(None, None, None)
     quota = (ascending_schedule if cfg.schedule == "ascending" else linear_schedule)(
         torch.full((n_rows,), block, device=x.device), steps)  # counted from the block size (official)
-    cache = (FixedBlocks if fixed_shapes else GrowingBlocks)(model, total) if cache_mode == "block" else None
+    cache = (FixedBlocks if fixed_shapes else GrowingBlocks)(model, total, n_rows) if cache_mode == "block" else None
     if cache is not None and n_full:  # the full prompt blocks
         cache.prefill(model, x, attn, n_full)
         out.nfe += 1

@@ -38,7 +38,7 @@ class GrowingBlocks:
 
     drops_rows = True
 
-    def __init__(self, model, width: int):
+    def __init__(self, model, width: int, rows: int):
         self.cache = DynamicCache()
 
     def prefill(self, model, canvas: torch.Tensor, attn: torch.Tensor, end: int) -> None:
@@ -74,8 +74,13 @@ class FixedBlocks(GrowingBlocks):
 
     drops_rows = False
 
-    def __init__(self, model, width: int):
-        self.cache = StaticCache(config=getattr(model, "config", None), max_cache_len=width)
+    def __init__(self, model, width: int, rows: int):
+        config, weight = model.config, next(model.parameters())
+        self.cache = StaticCache(config=config, max_cache_len=width)
+        # allocated here, outside the compiled forward, so that their addresses are marked static (a CUDA graph then
+        # reads them in place instead of being skipped for mutating its inputs)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.cache.early_initialization(rows, config.num_key_value_heads, head_dim, weight.dtype, weight.device)
 
     def prefill(self, model, canvas, attn, end):
         model(canvas[:, :end], **self.inputs(attn, 0, end))
@@ -88,5 +93,4 @@ class FixedBlocks(GrowingBlocks):
 
     def keep(self, start):
         for layer in self.cache.layers:
-            if layer.is_initialized:
-                layer.cumulative_length.fill_(start)
+            layer.cumulative_length.fill_(start)
