@@ -8,11 +8,13 @@ from .family import Family
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
 from .loading import load_pretrained, load_tokenizer
+from .nemotron_diffusion import NemotronDiffusionConfig, NemotronLabsDiffusionModel
 from .sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
 from .tiny import TINY, save_tiny, tiny
 
 for _config, _model in [(LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), (SDARConfig, SDARForCausalLM),
-                        (SDARMoeConfig, SDARMoeForCausalLM), (LLaDA2MoeConfig, LLaDA2MoeModelLM)]:
+                        (SDARMoeConfig, SDARMoeForCausalLM), (LLaDA2MoeConfig, LLaDA2MoeModelLM),
+                        (NemotronDiffusionConfig, NemotronLabsDiffusionModel)]:
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
@@ -21,4 +23,5 @@ FAMILIES = tuple(TINY)
 
 __all__ = ["FAMILIES", "Family", "TINY", "load_pretrained", "load_tokenizer", "save_tiny", "tiny",
            "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
-           "SDARConfig", "SDARForCausalLM", "SDARMoeConfig", "SDARMoeForCausalLM"]
+           "NemotronDiffusionConfig", "NemotronLabsDiffusionModel", "SDARConfig", "SDARForCausalLM", "SDARMoeConfig",
+           "SDARMoeForCausalLM"]

@@ -254,6 +254,8 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
     (with explicit ``position_ids``).
     ``key_position_ids`` ``[B, past + current]`` overrides the key positions derived from a 2-D mask, for callers
     that hide real cached tokens (the dual cache hides a block's stale rows without moving the keys after it).
+    ``causal=True`` reads left to right (each query sees the keys at its position and before): a family that decodes
+    both ways (Nemotron-Labs-Diffusion) chooses per call.
     """
 
     block_size: int | None = None
@@ -267,6 +269,7 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool = False,
         key_position_ids: torch.LongTensor | None = None,
+        causal: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
@@ -277,16 +280,18 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
         width = fixed_width(cache)
         if width is None:
             past = cache.get_seq_length() if cache is not None else 0
-            position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids)
+            position_ids, mask = self._positions_and_mask(attention_mask, position_ids, h, past, key_position_ids,
+                                                          causal)
         else:
-            position_ids, mask = self._fixed_cache_mask(attention_mask, position_ids, key_position_ids, h, width)
+            position_ids, mask = self._fixed_cache_mask(attention_mask, position_ids, key_position_ids, h, width,
+                                                        causal)
         position_embeddings = self.rotary_emb(h, position_ids)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, **{cache_kwarg(type(layer)): cache},
                       position_embeddings=position_embeddings, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{_CACHE_FIELD: cache})
 
-    def _positions_and_mask(self, attention_mask, position_ids, h, past, key_position_ids=None):
+    def _positions_and_mask(self, attention_mask, position_ids, h, past, key_position_ids=None, causal=False):
         batch, length = h.shape[:2]
         if isinstance(attention_mask, BlockMask) or (attention_mask is not None and attention_mask.dim() == 4):
             if position_ids is None:
@@ -312,12 +317,12 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
                 raise ValueError(f"key_position_ids must cover cached + current tokens ({past + length}), "
                                  f"got {key_position_ids.shape[-1]}")
             k_pos = key_position_ids.expand(batch, -1)
-        ok = visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid)
+        ok = visible(position_ids.expand(batch, -1), k_pos, self.block_size, k_valid=k_valid, causal=causal)
         if self.config._attn_implementation.startswith("flash"):
             return position_ids, self._flash_mask(ok, attention_mask)
         return position_ids, for_attention(ok, h.dtype, self.config._attn_implementation)
 
-    def _fixed_cache_mask(self, attention_mask, position_ids, key_position_ids, h, width):
+    def _fixed_cache_mask(self, attention_mask, position_ids, key_position_ids, h, width, causal=False):
         """A fixed-size cache (compiled decoding) returns all its ``width`` key columns at every call, however far it
         is filled: the caller marks the valid ones (``attention_mask`` ``[B, width]``, the current tokens' columns
         included) and gives every position (``position_ids`` of the queries, ``key_position_ids`` ``[B, width]``), so
@@ -331,7 +336,7 @@ class DiffusionBackbone(DiffusionPreTrainedModel):
             raise ValueError("a fixed-size cache masks its unfilled columns, which flash-attn cannot: load the model "
                              "with attn_implementation='sdpa' (or 'eager', 'flex_attention')")
         ok = visible(position_ids.expand(batch, -1), key_position_ids.expand(batch, -1), self.block_size,
-                     k_valid=attention_mask.bool())
+                     k_valid=attention_mask.bool(), causal=causal)
         return position_ids, for_attention(ok, h.dtype, self.config._attn_implementation)
 
     def _flash_mask(self, ok, attention_mask):

@@ -61,9 +61,11 @@ def visible(
     k_clean: torch.Tensor | None = None,
     q_seg: torch.Tensor | None = None,
     k_seg: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> torch.Tensor | None:
-    """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query."""
-    if block_size is None and k_valid is None and q_seg is None:
+    """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query.
+    ``causal``: also only keys at positions up to the query's (a model that reads left to right)."""
+    if block_size is None and k_valid is None and q_seg is None and not causal:
         return None
     batch = max(q_pos.shape[0], k_pos.shape[0], 1 if k_valid is None else k_valid.shape[0])
     ok = torch.ones(batch, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
@@ -76,6 +78,8 @@ def visible(
             qc, kc = q_clean[:, :, None], k_clean[:, None, :]
             same_half = qc == kc
             ok = ok & (((qb == kb) & same_half) | (~qc & kc & (qb > kb)) | (qc & kc & (qb >= kb)))
+    if causal:
+        ok = ok & (q_pos[:, :, None] >= k_pos[:, None, :])
     if q_seg is not None:
         ok = ok & (q_seg[:, :, None] == k_seg[:, None, :])
     if k_valid is not None:
