@@ -75,12 +75,13 @@ def test_dare_compass_model_refuses_what_sglang_cannot_serve():
 
 def test_dare_compass_model_takes_the_engines_options_and_refuses_before_loading(monkeypatch):
     from dare.eval.opencompass import DARECompassModel
-    model = DARECompassModel(path="tiny:llada", options=dict(compile=True))
-    assert model.engine.settings.compile and model.engine.decoder is not model.engine.model
+    for name in ("llada", "diffusion_gemma"):
+        model = DARECompassModel(path=f"tiny:{name}", options=dict(compile=True))
+        assert model.engine.settings.compile and model.engine.decoder is not model.engine.model
     import dare.eval.opencompass as compass
     monkeypatch.setattr(compass, "load_weights", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
-    with pytest.raises(ValueError, match="diffusion_gemma cannot be compiled"):
-        DARECompassModel(path="tiny:diffusion_gemma", options=dict(compile=True))
+    with pytest.raises(ValueError, match=r"unknown options \['compiled'\]; the hf engine's: \['compile', "):
+        DARECompassModel(path="tiny:llada", options=dict(compiled=True))
 
 
 def test_example_config_loads():

@@ -35,7 +35,6 @@ class HFEngine(Engine):
     def __init__(self, model, tokenizer, family, max_batch_size: int = 64, options: HFOptions | None = None):
         self.model, self.tokenizer, self.family = model, tokenizer, family
         self.max_batch_size, self.settings = max_batch_size, options or HFOptions()
-        self.check_options(self.settings, family)
         self.decoder = compiled(model, self.settings.compile_mode) if self.settings.compile else model
 
     @classmethod
@@ -50,15 +49,11 @@ class HFEngine(Engine):
         compiled = {"compiled": self.settings.compile_mode} if self.settings.compile else {}  # other sampling noise
         return {"engine": self.name, **compiled, **identity(self.model.config, weights_digest(self.model))}
 
-    @classmethod
-    def check_options(cls, options, family) -> None:
-        from ..models.family import NOT_COMPILED  # transformers: not imported for --help
-        if options.compile and family.name in NOT_COMPILED:
-            raise ValueError(f"compiled decoding: {family.name} cannot be compiled: {NOT_COMPILED[family.name]}")
-
     def rows_for(self, n: int) -> int:
-        """The rows a micro-batch of ``n`` decodes: ``n``, or compiled, the next power of two (at most the batch)."""
-        return n if not self.settings.compile else min(1 << (n - 1).bit_length(), self.max_batch_size)
+        """The rows a micro-batch of ``n`` decodes: ``n``, or compiled, the next power of two (at most the batch).
+        Not for uniform noise: its sampler draws random canvases even greedily, and more rows would draw other ones."""
+        pads = self.settings.compile and self.family.noise == "mask"
+        return min(1 << (n - 1).bit_length(), self.max_batch_size) if pads else n
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,

@@ -63,9 +63,12 @@ class DARECompassModel(BaseModel):
         config, self.tokenizer, self.family = load_config(path)
         # the engine's refusals before any weights load; the sampler's, which depend on gen_length, at each generate
         kind.check(SamplingConfig(**self.sampling).resolve(self.family), self.family)
+        own = {f.name for f in fields(kind.options)} if kind.options is not None else set()
+        if set(options or {}) - own:
+            raise ValueError(f"unknown options {sorted(set(options) - own)}; the {engine} engine's: {sorted(own)}")
         settings = kind.options(**(options or {})) if kind.options else None
         if settings is not None:
-            kind.check_options(settings, self.family)  # the hf engine's compile=True on a family it cannot compile
+            kind.check_options(settings, self.family)  # options the family cannot take, before the weights load
         if kind.needs_weights:
             dtype = dtype if dtype == "auto" else getattr(torch, dtype)
             self.model = load_weights(path, config, dtype).to("cuda" if torch.cuda.is_available() else "cpu").eval()

@@ -22,9 +22,6 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule"),
          "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one")}
 UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
-# families whose decoding torch.compile changes, with the reason (the hf engine's compile option refuses them)
-NOT_COMPILED = {"diffusion_gemma": "transformers' DiffusionGemma builds other attention masks while dynamo traces it "
-                                   "(its logits change by ~1 even with backend='eager'; transformers 5.24)"}
 
 
 def max_positions(config) -> int | None:
