@@ -199,6 +199,12 @@ def test_lab_profiles_set_the_algorithms_own_learning_rate(tmp_path):
     sudoku = compare.Lab(task="sudoku", families=["sdar"])
     assert (sudoku.learning_rate, lab.learning_rate) == (compare.TASK_LEARNING_RATE["sudoku"], 1e-3)
     assert compare.Lab(task="sudoku", learning_rate=1e-3).learning_rate == 1e-3
+    # the control's budget: 30 rollouts at 1e-3, proportionally more at a lower rate (sudoku's seed 0 control did not
+    # move in 30 rollouts at 3e-4), never past the RL budget
+    slow = compare.Lab(learning_rate=1e-4)
+    assert (compare.Lab().control_rollouts, sudoku.control_rollouts, slow.control_rollouts, lab.control_rollouts) == (
+        30, 90, 90, 2)
+    assert compare.Lab(task="sudoku", control_rollouts=30).control_rollouts == 30
     value = compare.rl_args("tracerl:value", "tiny:sdar", str(tmp_path / "v"), 0, sudoku)
     assert value.learning_rate == value.algo_config.value.learning_rate == 3e-4
     with pytest.raises(SystemExit, match="no lab profile for d1"):

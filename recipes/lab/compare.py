@@ -160,7 +160,9 @@ class Lab:
     sft_stop_at_loss: float | None = None
     sft_lr: float = 3e-3  # SFT learning rate (constant)
     rollouts: int = 90  # rollout batches per RL run (offline algorithms: optimiser steps of prompts_per_step pairs)
-    control_rollouts: int = 30  # for NAME:control runs (unlearning is fast)
+    # for NAME:control runs (unlearning is fast; None: 30 at lr 1e-3, proportionally more at a lower rate, at most
+    # rollouts)
+    control_rollouts: int | None = None
     prompts_per_step: int = 16  # prompts per rollout batch
     num_generations: int = 8  # completions per prompt (the group)
     # RL learning rate (constant, no warm-up; None: the task's, TASK_LEARNING_RATE, else 1e-3)
@@ -180,6 +182,8 @@ class Lab:
     def __post_init__(self):
         if self.learning_rate is None:
             self.learning_rate = TASK_LEARNING_RATE.get(self.task, 1e-3)
+        if self.control_rollouts is None:  # the same distance at a lower rate takes proportionally more steps
+            self.control_rollouts = min(self.rollouts, round(30 * 1e-3 / self.learning_rate))
         needed = answer_length(self.task, self.families)
         if self.gen_length is None:
             self.gen_length = needed
