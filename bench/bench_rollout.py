@@ -17,6 +17,7 @@ draws are the whole batch's either way, so 100 % is expected where the steps run
 
 import argparse
 import importlib
+import inspect
 import subprocess
 import sys
 import time
@@ -43,7 +44,9 @@ def sampler_at(revision: str, name: str):
     module = types.ModuleType(f"dare.sampling.{name}_before")
     module.__package__ = "dare.sampling"
     exec(compile(source, f"{name}.py@{revision}", "exec"), module.__dict__)
-    return getattr(module, f"generate_{name}")
+    sampler = getattr(module, f"generate_{name}")
+    taken = len(inspect.signature(sampler).parameters)  # arguments added since (fixed_shapes) keep their defaults
+    return lambda *args: sampler(*args[:taken])
 
 
 def main(argv=None):
