@@ -17,9 +17,9 @@ from .base import Engine, Rollout, check_prompts, decode_completions, identity, 
 @dataclass
 class HFOptions:
     # decode through torch.compile of the model (the forward every sampler calls), each micro-batch padded to a power
-    # of two rows (copies of its last row) and its prompts to a multiple of 32 tokens, so that a few shapes compile
-    # once: greedy tokens equal eager decoding, sampled ones draw other noise. Compiling takes seconds to minutes per
-    # shape; it pays on long decodings
+    # of two rows (copies of its last row; not for uniform noise) and its prompts to a multiple of 32 tokens, block
+    # caches of the canvas's size, so that a few shapes compile once: greedy tokens equal eager decoding, sampled ones
+    # draw other noise. Compiling takes seconds to minutes per shape; it pays on long decodings
     compile: bool = False
     # torch.compile's mode: reduce-overhead adds CUDA graphs (a GPU), max-autotune searches kernels
     compile_mode: one_of("default", "reduce-overhead", "max-autotune") = "default"
