@@ -4,7 +4,7 @@ pick engines from by name, and the run-identity hashes an evaluation fingerprint
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 import torch
@@ -130,6 +130,11 @@ class Engine:
 
     tokenizer = family = None
     max_batch_size: int = 64
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The fields of its ``options`` (none when it has no options)."""
+        return {f.name for f in fields(cls.options)} if cls.options is not None else set()
 
     @classmethod
     def check(cls, config, family) -> None:

@@ -61,7 +61,7 @@ class DARELM(LM):
                  attn_implementation: str = "sdpa", max_batch_size: int | None = None, **knobs):
         super().__init__()
         kind = get_engine(engine)
-        own = {f.name for f in fields(kind.options)} if kind.options is not None else set()
+        own = kind.option_names()
         unknown = sorted(set(knobs) - set(KNOBS) - own)
         if unknown:
             raise ValueError(f"unknown model argument(s) {unknown}; DARE's are pretrained, batch_size, mc_num, "

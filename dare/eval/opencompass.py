@@ -63,7 +63,7 @@ class DARECompassModel(BaseModel):
         config, self.tokenizer, self.family = load_config(path)
         # the engine's refusals before any weights load; the sampler's, which depend on gen_length, at each generate
         kind.check(SamplingConfig(**self.sampling).resolve(self.family), self.family)
-        own = {f.name for f in fields(kind.options)} if kind.options is not None else set()
+        own = kind.option_names()
         if set(options or {}) - own:
             raise ValueError(f"unknown options {sorted(set(options) - own)}; the {engine} engine's: {sorted(own)}")
         settings = kind.options(**(options or {})) if kind.options else None

@@ -73,7 +73,7 @@ class NemotronLabsDiffusionModel(DiffusionLM):
         self.post_init()
 
     @property
-    def model(self):  # what DiffusionLM's forward runs
+    def model(self):  # what DiffusionLM's forward and input-embedding accessors read
         return self.encoder
 
     def get_output_embeddings(self):
@@ -81,12 +81,6 @@ class NemotronLabsDiffusionModel(DiffusionLM):
 
     def set_output_embeddings(self, new):
         self.diffusion_head = new
-
-    def get_input_embeddings(self):
-        return self.encoder.embed_tokens
-
-    def set_input_embeddings(self, new):
-        self.encoder.embed_tokens = new
 
 
 def tiny_config(vocab_size: int, **overrides) -> NemotronDiffusionConfig:
