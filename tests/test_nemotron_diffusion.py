@@ -67,8 +67,10 @@ def test_left_to_right_and_bidirectional_logits_equal_ministral3_on_the_same_wei
         expected_causal = reference(input_ids=ids).logits
         everything = torch.zeros(2, 1, 40, 40)  # a 4-D additive mask that hides nothing
         expected_bidirectional = reference.lm_head(reference.model(input_ids=ids, attention_mask=everything)[0])
-    assert torch.equal(causal, expected_causal)
-    assert torch.equal(bidirectional, expected_bidirectional)
+    # two mask paths (DARE's, transformers' own): 0.0 apart here; another CPU's kernels need not round them alike
+    gaps = (causal - expected_causal).abs().max(), (bidirectional - expected_bidirectional).abs().max()
+    print(f"causal {gaps[0]:.1e}, bidirectional {gaps[1]:.1e} from Ministral3")
+    assert max(gaps) <= 1e-6
     assert (causal - bidirectional).abs().max() > 0.1  # the two readings differ (a mode switch that did nothing fails)
 
 
@@ -81,7 +83,8 @@ def test_the_llama4_query_scaling_is_applied_from_each_tokens_position():
     with torch.no_grad():
         ours, unscaled = model(input_ids=ids, causal=True).logits, reference(input_ids=ids).logits
     gap = (ours - unscaled).abs().amax(-1)[0]
-    assert gap[:16].max() == 0 and gap[16:].min() > 0
+    print(f"gap before position 16 {gap[:16].max():.1e}, from 16 on at least {gap[16:].min():.1e}")
+    assert gap[:16].max() <= 1e-6 and gap[16:].min() > 1e-5  # rounding is ~1e-7
 
 
 def test_padding_changes_no_real_tokens_logits_either_way():
