@@ -1,6 +1,7 @@
 """Each algorithm's own properties from the spec (algorithms.md §3.2, 3.6, 3.7, 3.8, 3.10, 3.11, §9 vectors)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -463,6 +464,13 @@ def test_dmpo_tilts_toward_the_reference_across_micro_batches():
     untouched = [{"weight": torch.ones(2)}]
     policy.after_scoring(untouched, 2)
     assert torch.equal(untouched[0]["weight"], torch.ones(2))
+    # the policy tilt's weights are set with the batch: a x G, so that the mean over rows is, per prompt, the sum of
+    # a_i x DCE_i over its group (the authors' loss), averaged over prompts
+    _, fam, batch = setup(rows=6)
+    rollout = SimpleNamespace(**{k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                        "completion_mask")})
+    made = policy.make_batch(fam, rollout, rewards, 3, None, 0, SamplingConfig())
+    assert torch.allclose(made["weight"], 3 * policy.advantages(rewards, 3)) and made["weight"].abs().sum() > 0
 
 
 # ------------------------------------------------------------------------------------------------------ gdpo

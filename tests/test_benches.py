@@ -129,3 +129,12 @@ def test_rl_bench_splits_a_step_and_prints_the_rollout_share():
         share, r = int(cells[12].rstrip("%")), 5e-4  # the seconds are printed rounded to 3 decimals
         assert 100 * (rollout - r) / (step + r) - 0.5 <= share <= 100 * (rollout + r) / (step - r) + 0.5, cells
         assert int(rows[family, "cache + 4 tok/step"][11]) < 0.5 * int(rows[family, "plain"][11]), rows
+
+
+def test_every_mutation_of_the_mutation_check_still_applies():
+    """bench/mutations.py changes each distinguishing term by replacing a text that must occur exactly once: a
+    refactor that moves the text makes the check stale, and this test says which."""
+    mutations = load_script(ROOT / "bench" / "mutations.py", "mutations").MUTATIONS
+    stale = [m.name for m in mutations if (ROOT / m.path).read_text().count(m.old) != 1]
+    assert not stale, stale
+    assert all((ROOT / t.split()[0].split("::")[0]).is_file() for m in mutations for t in m.tests)

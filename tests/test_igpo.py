@@ -78,7 +78,8 @@ def test_igpo_inpaints_only_all_failed_groups_and_leaves_the_hints_out_of_the_lo
 def test_the_sequence_ratio_is_one_clipped_ratio_per_row():
     """ratio_level sequence (the authors' use_gspo): every loss token of a row carries s = exp(the row's mean
     log-ratio over its loss tokens), clipped as one: a row whose s left the clip range has no gradient, even where
-    its own token's ratio would not have been clipped; per token (ratio_level token) those tokens still move."""
+    its own token's ratio would not have been clipped; per token (ratio_level token) those tokens still move. The
+    sequence ratio is IGPO's default."""
     from dare.likelihood import Estimate
     old = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]], dtype=torch.float64)
     shift = torch.tensor([[0.6, 0.6, 0.6, -0.3], [0.01, -0.02, 0.03, 0.0]], dtype=torch.float64)  # row 0: s = e^0.3
@@ -87,7 +88,8 @@ def test_the_sequence_ratio_is_one_clipped_ratio_per_row():
     grads = {}
     for level in ("sequence", "token"):
         logp = (old + shift).requires_grad_()
-        algo = get_algorithm("igpo")(ratio_level=level, eps_low=0.2, eps_high=0.2)
+        kind = {} if level == "sequence" else {"ratio_level": level}  # the default: the authors' sequence ratio
+        algo = get_algorithm("igpo")(**kind, eps_low=0.2, eps_high=0.2)
         loss, stats = algo.loss(Estimate(logp), batch, old, None, mask.sum())
         grads[level] = torch.autograd.grad(loss, logp)[0]
         if level == "sequence":

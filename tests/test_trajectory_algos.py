@@ -628,3 +628,16 @@ def test_dipo_scores_every_step_exactly_as_the_exhaustive_replay(name):
     batch = dipo.make_batch(fam, rollout, rewards, 2, None, 0, config)
     assert torch.equal(dipo.score(model, fam, batch, {}, config).logp, cj.score(model, fam, reference, {}, config).logp)
     assert (dipo.eps_low, dipo.eps_high, dipo.dual_clip) == (0.2, 0.28, None)
+
+
+def test_the_newer_algorithms_default_to_their_authors_rules():
+    """Each default that the docstrings give as the authors' (DiRL's resampling and clip-higher, TraceRL's KL to the
+    rollout policy and accuracy band, AGRPO's steps): a recipe that sets nothing gets them."""
+    from dare.algos.base import DynamicSampling
+    dipo, tracerl, agrpo = (get_algorithm(n)() for n in ("dipo", "tracerl", "agrpo"))
+    assert dipo.dynamic_sampling == DynamicSampling(mode="resample", keep="mixed", extra=2.0, rounds=10)
+    assert (dipo.eps_high, dipo.dual_clip) == (0.28, None)
+    assert tracerl.dynamic_sampling == DynamicSampling(mode="drop", keep="accuracy", low=0.2, high=0.8)
+    assert (tracerl.beta, tracerl.kl, tracerl.kl_to, tracerl.dual_clip) == (0.01, "k3", "rollout", None)
+    assert (agrpo.steps, agrpo.proposal, agrpo.low_discrepancy, agrpo.truncate, agrpo.step_weight) == \
+           ("content", "entropy", True, True, "mean")
