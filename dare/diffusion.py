@@ -27,6 +27,13 @@ recipe we follow UPSTREAM:
            uniformly random vocabulary token (``corrupt_uniform``); the loss is the plain cross-entropy of every
            canvas position, noised or not (``dare.objectives.uniform_sft_loss``).
 
+* nemotron_diffusion  the checkpoint's remote code (``dlm_paradigm`` "bidirectional", the released configs):
+           t ~ U(0, 1), p = (1-eps) t + eps, eps = 1e-3; every response token masked with probability p; CE / p
+           summed over the masked tokens and divided by their number (its ``(sum, count)`` pair, reduced over the
+           global batch); bidirectional attention over the whole sequence; padding is padding. Its ``block_diff``
+           paradigm (the doubled layout with a causal clean half and an autoregressive loss on it) trains none of
+           the released checkpoints and is not here.
+
 Block families (sdar, sdar_moe, llada2) are trained on the doubled ``[x_t ‖ x_0]`` layout, built by
 ``Family.logits(..., clean_ids=x_0)``.
 
@@ -88,6 +95,7 @@ RECIPES = {
     # uniform noise (dare.objectives.uniform_sft_loss): t ~ U(1e-4, 1 - 1e-4) (Google's SafeSpan), no weighting, a
     # per-example mean; the response is EOS-filled to whole canvases (SFTCollator) and the padding after is padding
     "diffusion_gemma": NoiseRecipe(t_high=1 - 2e-4, eps=1e-4, weight="none", mask_pads=False),
+    "nemotron_diffusion": NoiseRecipe(normalizer="masked", mask_pads=False),
 }
 
 

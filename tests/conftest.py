@@ -8,7 +8,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-FAMILIES = ("llada", "dream", "sdar", "sdar_moe", "llada2")
+FAMILIES = ("llada", "dream", "sdar", "sdar_moe", "llada2", "nemotron_diffusion")
 BLOCK_FAMILIES = ("sdar", "sdar_moe", "llada2")
 
 

@@ -1,14 +1,18 @@
-"""Nemotron-Labs-Diffusion's model (``dare.models.nemotron_diffusion``): the official key names and shapes, and the
-same logits as transformers' own Ministral-3 on the same weights, left to right and bidirectionally."""
+"""Nemotron-Labs-Diffusion (``dare.models.nemotron_diffusion``): the official key names and shapes, the same logits
+as transformers' own Ministral-3 on the same weights, left to right and bidirectionally, and its decoding against a
+causal context (``dare.sampling.causal``) token for token as the checkpoint's own loop."""
 
 import json
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, Ministral3Config, Ministral3ForCausalLM
+from transformers.cache_utils import DynamicCache
 
-from dare.models import NemotronDiffusionConfig, NemotronLabsDiffusionModel
+from dare.models import Family, NemotronDiffusionConfig, NemotronLabsDiffusionModel, tiny
 from dare.models.nemotron_diffusion import tiny_config
+from dare.sampling import SamplingConfig, generate
+from dare.sampling.cache import truncate
 
 # the released checkpoints' config.json fields known here (nvidia/Nemotron-Labs-Diffusion-3B: not its MLP width)
 RELEASED = {
@@ -113,3 +117,127 @@ def test_an_official_config_json_loads_through_the_auto_classes_and_the_weights_
     with torch.no_grad():
         assert type(again) is NemotronLabsDiffusionModel
         assert torch.equal(again(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+# -- the family and its decoding against a causal context ---------------------------------------------------------
+
+
+def official_generate(model, prompt, max_new_tokens, block_length, threshold, mask_id, eos_id):
+    """The checkpoint's ``generate`` restated for one unpadded prompt at temperature 0 (its remote code imports a
+    vendored Ministral file that is not public, so it cannot run here): a causal prefill seeds the first block; each
+    block is denoised against the cache (top-k of LLaDA's front-loaded even split over ``block_length`` steps, or the
+    top one plus every other at or above ``threshold``), stopping once EOS stands with no mask before it; a causal pass
+    over the block extends the cache and seeds the next. DARE's one departure: the mask token is never proposed."""
+    def proposal(logits):
+        logits = logits.clone()
+        logits[..., mask_id] = float("-inf")
+        return logits.argmax(-1), logits.softmax(-1).amax(-1)
+
+    cache = DynamicCache()
+    x = prompt.clone()
+    seed = proposal(model(input_ids=prompt, cache=cache, causal=True).logits[:, -1])[0]
+    for _ in range(max_new_tokens // block_length):
+        block = torch.full((1, block_length), mask_id)
+        block[0, 0] = seed
+        x = torch.cat([x, block], 1)
+        start = x.shape[1] - block_length
+        masks = int((x[0, start:] == mask_id).sum())
+        counts = [masks // block_length + (i < masks % block_length) for i in range(block_length)]
+        for i in range(block_length):
+            masked = x[0, start:] == mask_id
+            if not masked.any():
+                break
+            logits = model(input_ids=x[:, start:], cache=cache).logits[0]
+            truncate(cache, start)
+            x0, conf = proposal(logits)
+            conf = torch.where(masked, conf, float("-inf"))
+            k = int(masked.sum()) if threshold is not None else counts[i]
+            chosen = conf.topk(k).indices
+            if threshold is not None:
+                chosen = chosen[torch.cat([torch.tensor([True]), conf[chosen[1:]] >= threshold])]
+            x[0, start + chosen] = x0[chosen]
+            eos = x[0, start:] == eos_id
+            if eos.any() and not (x[0, start:start + int(eos.long().argmax())] == mask_id).any():
+                break
+        seed = proposal(model(input_ids=x[:, start:], cache=cache, causal=True).logits[:, -1])[0]
+        if (x[0, prompt.shape[1]:] == eos_id).any():
+            break
+    return x[0, prompt.shape[1]:]
+
+
+def confident_nemotron(seed=0):
+    """The tiny model with its output layer scaled up 40x: a random model's confidences are near ties that float
+    rounding can flip; scaled, they are apart, as a trained model's are."""
+    model, tok = tiny("nemotron_diffusion", seed)
+    with torch.no_grad():
+        model.diffusion_head.weight.mul_(40)
+    return model, tok, Family.from_pretrained(model.config, tok)
+
+
+def test_the_family_decodes_blocks_of_its_config_against_a_causal_context():
+    model, tok, family = confident_nemotron()
+    assert family.block_size is None and family.causal_block == model.config.block_size == 4
+    assert family.stop_ids == (tok.convert_tokens_to_ids("<|im_end|>"),) and family.mask_id == 2
+    released = Family.from_pretrained(NemotronDiffusionConfig(**RELEASED["8B"]))
+    assert (released.mask_id, released.causal_block, released.block_size, released.shift) == (100, 32, None, False)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.9])
+@pytest.mark.parametrize("stops", [False, True])
+def test_greedy_tokens_equal_the_official_loop_and_padding_changes_none(threshold, stops):
+    """``stops``: EOS takes the place of token 204, which the second prompt's answer holds in its second block."""
+    model, tok, family = confident_nemotron()
+    if stops:
+        with torch.no_grad():
+            model.diffusion_head.weight[family.eos_id] = model.diffusion_head.weight[204] * 1.01
+    prompts = ["What is 2 + 3?", "Question: Natalia sold 48 clips in April and half as many in May."]
+    config = SamplingConfig(gen_length=16, threshold=threshold)
+    batch = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    together = generate(model, family, batch.input_ids, batch.attention_mask, config)
+    for row, prompt in enumerate(prompts):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        alone = generate(model, family, ids, None, config)
+        expected = official_generate(model, ids, 16, 4, threshold, family.mask_id, family.eos_id)
+        eos = expected == family.eos_id
+        if eos.any():  # the official output ends at its first EOS; DARE pads after it
+            expected = expected[:int(eos.long().argmax()) + 1]
+            assert (alone.sequences[0][len(expected):] == family.pad_id).all()
+            assert (alone.step_map[0][len(expected):] == -1).all()
+        print(f"row {row}: {len(expected)} official tokens, EOS {bool(eos.any())}")
+        assert bool(eos.any()) == (stops and row == 1)
+        assert torch.equal(alone.sequences[0][:len(expected)], expected), (alone.sequences[0], expected)
+        assert torch.equal(together.sequences[row], alone.sequences[0])
+        assert torch.equal(together.step_map[row], alone.step_map[0])
+
+
+def test_a_block_owns_its_steps_and_its_first_token_comes_from_the_causal_pass():
+    """steps = gen_length: one token per step, the block's first at its first step; the first token of every block is
+    the causal (left-to-right) proposal: greedy decoding with one-token blocks is autoregressive decoding."""
+    model, tok, family = confident_nemotron(1)
+    ids = tok("Question: What is 2 + 3? Answer:", return_tensors="pt").input_ids
+    out = generate(model, family, ids, None, SamplingConfig(gen_length=12, stop_at_eos=False))
+    steps = out.step_map[0].view(3, 4)
+    assert torch.equal(steps[:, 0], torch.tensor([0, 4, 8])) and torch.equal(steps.sort(-1).values,
+                                                                             torch.arange(12).view(3, 4))
+    assert out.nfe == 1 + 3 * 3 + 2  # the prefill, 3 denoising steps a block, a causal pass between blocks
+    ar = generate(model, family, ids, None, SamplingConfig(gen_length=6, block_length=1, stop_at_eos=False))
+    x = ids
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model(input_ids=x, causal=True).logits[:, -1]
+            logits[:, family.mask_id] = float("-inf")
+            x = torch.cat([x, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(ar.sequences[0], x[0, ids.shape[1]:]) and ar.nfe == 6
+
+
+def test_settings_the_causal_context_sampler_cannot_honour_fail_before_decoding():
+    model, tok, family = confident_nemotron()
+    ids = tok("hi", return_tensors="pt").input_ids
+    for bad, words in [(dict(gen_length=10), "not divisible by block_length 4"),
+                       (dict(cache="dual"), "cache must be 'prefix'"),
+                       (dict(schedule="dream"), "takes no schedule"),
+                       (dict(gen_length=8, steps=2), "one step per block")]:
+        with pytest.raises(ValueError, match=words):
+            generate(model, family, ids, None, SamplingConfig(**{"gen_length": 8, **bad}))
+    with pytest.raises(ValueError, match="cannot be resumed"):
+        generate(model, family, ids, None, SamplingConfig(gen_length=8), from_step=2)

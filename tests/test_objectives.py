@@ -44,9 +44,11 @@ def spec_loss(logits, x0, masked, loss_mask, t, name):
         n = int(masked[b].sum())
         if name == "llada2":  # plain CE averaged over the batch's masked tokens
             total_ce, total_masked = total_ce + ce, total_masked + n
+        elif name == "nemotron_diffusion":  # CE / t summed over the batch, over its masked tokens (the remote code)
+            total_ce, total_masked = total_ce + ce / t[b].item(), total_masked + n
         else:  # (1/b) Σ_seq (1/ℓ_seq) Σ_masked CE / t
             rows.append(ce / t[b].item() / int(loss_mask[b].sum()))
-    return total_ce / total_masked if name == "llada2" else sum(rows) / len(rows)
+    return total_ce / total_masked if name in ("llada2", "nemotron_diffusion") else sum(rows) / len(rows)
 
 
 # ---------------------------------------------------------------- recipes and t
@@ -58,6 +60,8 @@ def test_recipes_follow_upstream():
     assert RECIPES["diffusion_gemma"] == NoiseRecipe(0.0, 1 - 2e-4, 1e-4, "none", "answer_length", False, False)
     upstream = NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, False)
     assert RECIPES["llada"] == RECIPES["dream"] == upstream
+    # Nemotron-Labs-Diffusion's remote code: CE / p summed and divided by the masked count; padding never masked
+    assert RECIPES["nemotron_diffusion"] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "masked", False, False)
     for name in ("sdar", "sdar_moe"):
         assert RECIPES[name] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, True)
     assert RECIPES["llada2"] == NoiseRecipe(0.3, 0.8, 0.0, "none", "masked", False, False)

@@ -22,6 +22,7 @@ EXPECTED = {  # family -> (bos, eos/pad, mask_token attr, other specials)
     "sdar": (None, "<|endoftext|>", "<|MASK|>", ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]),
     "llada2": ("<|startoftext|>", "<|endoftext|>", "<|mask|>", ["<role>", "</role>", "<|role_end|>"]),
     "diffusion_gemma": ("<bos>", "<eos>", None, ["<unk>", "<|turn>", "<turn|>"]),  # uniform noise: no mask
+    "nemotron_diffusion": ("<s>", "<|im_end|>", None, ["<SPECIAL_100>", "<|im_start|>", "<think>", "</think>"]),
 }
 PAD = {"diffusion_gemma": "<pad>"}  # Gemma's own pad token at id 0 (eos 1, bos 2); the others pad with EOS
 SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
@@ -34,6 +35,9 @@ SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
               "<role>ASSISTANT</role>",
     # Google's DiffusionGemma fine-tuning prompts (google-deepmind/gemma, hackable_diffusion_adapter/data)
     "diffusion_gemma": "<bos><|turn>user\nQ?<turn|>\n<|turn>model\n",
+    # NVIDIA's TensorRT parity tests (nemotron_labs_diffusion chat_templates), thinking off by default
+    "nemotron_diffusion": "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
+                          "<think></think>",
 }
 
 

@@ -18,12 +18,12 @@ def get_algorithm(name: str) -> type:
     return ALGORITHMS.lookup(name)
 
 
-def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma")) -> str:
+def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma", "nemotron_diffusion")) -> str:
     """The algorithm x family support table (markdown), from the registry: ``python -m dare.algos``. The estimator
     is the one each algorithm plans for a short rollout of a tiny model of its first family."""
-    from ..models.family import UNIFORM
+    from ..models.family import CAUSAL_CONTEXT, UNIFORM
     from ..models.loading import load_config  # here, not at the top: --help imports this package
-    from .base import NOISE_WHY
+    from .base import CAUSAL_WHY, NOISE_WHY
 
     rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on | sglang rollouts |",
             "|---|" + "---|" * (len(families) + 4)]
@@ -42,4 +42,6 @@ def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_
     blocked = [f for f in families if f in UNIFORM
                and not all("uniform" in ALGORITHMS[name].noises for name in known())]
     reasons += [f"- {f} —: {NOISE_WHY}" for f in blocked]
+    reasons += [f"- {f} — (the algorithms that replay steps or need the masked sampler's canvases): {CAUSAL_WHY}"
+                for f in families if f in CAUSAL_CONTEXT]
     return "\n".join(rows + ([""] + reasons if reasons else [])) + "\n"

@@ -32,6 +32,9 @@ Advantage, LossMask, KL = one_of(*ADVANTAGES), one_of(*LOSS_MASKS), one_of(*KL_E
 NOISE_WHY = ("its noise is uniform random tokens and the algorithm's likelihood estimate is derived for masked "
              "diffusion (masked-token counts, mask-token states or a masked sampler's trajectory); on uniform noise "
              "run d1, wd1 or gdpo (one-step mean-field, quadrature ELBO)")
+CAUSAL_WHY = ("it decodes each block against a causal context (the committed tokens read left to right, later blocks "
+              "not there yet, dare/sampling/causal.py), so the masked sampler's step records, canvases and resumable "
+              "decodings that the algorithm reads do not describe its decoding")
 
 
 class Declared:
@@ -51,14 +54,18 @@ class Declared:
     @classmethod
     def supports(cls, family_name: str) -> bool:
         """Whether the math allows the family of that name (its noise, then the family list)."""
-        from ..models.family import UNIFORM  # here: --help imports this module, and dare.models loads transformers
+        from ..models.family import CAUSAL_CONTEXT, UNIFORM  # here: --help imports this module (transformers)
 
         noise = "uniform" if family_name in UNIFORM else "mask"
-        return noise in cls.noises and (cls.families is None or family_name in cls.families)
+        causal = family_name in CAUSAL_CONTEXT and bool(cls.needs_steps or cls.needs_sampler)
+        return noise in cls.noises and not causal and (cls.families is None or family_name in cls.families)
 
     def check_family(self, family) -> None:
         if family.noise not in self.noises:
             raise ValueError(f"{self.name} does not apply to {family.name}: {NOISE_WHY}")
+        if family.causal_block is not None and (self.needs_steps or self.needs_sampler):
+            raise ValueError(f"{self.name} does not apply to {family.name}: {CAUSAL_WHY} ({self.name} needs "
+                             f"{self.needs_sampler or self.needs_steps.removeprefix('it ')})")
         if self.families is not None and family.name not in self.families:
             raise ValueError(f"{self.name} does not apply to {family.name} ({self.why_not}); it supports: "
                              f"{', '.join(self.families)}")

@@ -20,8 +20,12 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "sdar": ("sdar", False, "linear", "low_confidence", "schedule"),
          "sdar_moe": ("sdar_moe", False, "linear", "low_confidence", "schedule"),
          "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule"),
-         "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one")}
+         "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one"),
+         "nemotron_labs_diffusion": ("nemotron_diffusion", False, "linear", "low_confidence", "one")}
 UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
+# families that decode blocks of config.block_size against a causal context (their attention is not block-causal:
+# they train bidirectionally, and read committed tokens left to right when decoding; dare/sampling/causal.py)
+CAUSAL_CONTEXT = ("nemotron_diffusion",)
 
 
 def max_positions(config) -> int | None:
@@ -33,7 +37,7 @@ def max_positions(config) -> int | None:
 
 @dataclass(frozen=True)
 class Family:
-    name: str                      # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma
+    name: str                      # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma | nemotron_diffusion
     mask_id: int                   # -1 for uniform-noise families (they have no mask token)
     eos_id: int
     pad_id: int
@@ -49,6 +53,10 @@ class Family:
     # "mask": noised positions hold mask_id; "uniform": a uniformly random token (DiffusionGemma: an encoder-decoder
     # whose canvases start after the prompt, dare.models.diffusion_gemma)
     noise: str = "mask"
+    # Nemotron-Labs-Diffusion: the default block of its decoding against a causal context (a causal prefill, each
+    # block denoised bidirectionally against the cache, then a causal pass that proposes the next block's first
+    # token: dare/sampling/causal.py); None: the family's sampler reads the canvas with its own attention
+    causal_block: int | None = None
 
     @property
     def is_block_diffusion(self) -> bool:
@@ -89,8 +97,11 @@ class Family:
             ids["pad"] = ids["eos"]
         stop_ids = tuple(dict.fromkeys([ids["eos"], *stop]))
         block = config.canvas_length if uniform else getattr(config, "block_size", None)
+        causal_block = block if name in CAUSAL_CONTEXT else None
+        if causal_block is not None:  # its attention is bidirectional (or causal), never block-causal
+            block = None
         return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift, block, vocab, schedule,
-                   remasking, threshold_rule, "uniform" if uniform else "mask")
+                   remasking, threshold_rule, "uniform" if uniform else "mask", causal_block)
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

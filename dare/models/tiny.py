@@ -7,8 +7,8 @@
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from . import diffusion_gemma, dream, llada, llada2, sdar
-from .tokenizers import tiny_tokenizer
+from . import diffusion_gemma, dream, llada, llada2, nemotron_diffusion, sdar
+from .tokenizers import MASK_IN_CONFIG, tiny_tokenizer
 
 TINY = {
     "llada": (llada.tiny_config, llada.LLaDAModelLM),
@@ -17,6 +17,7 @@ TINY = {
     "sdar_moe": (sdar.tiny_moe_config, sdar.SDARMoeForCausalLM),
     "llada2": (llada2.tiny_config, llada2.LLaDA2MoeModelLM),
     "diffusion_gemma": (diffusion_gemma.tiny_config, DiffusionGemmaForBlockDiffusion),
+    "nemotron_diffusion": (nemotron_diffusion.tiny_config, nemotron_diffusion.NemotronLabsDiffusionModel),
 }
 
 
@@ -26,8 +27,8 @@ def tiny_parts(family: str, **config_overrides):
         raise ValueError(f"Unknown family {family!r}; known: {sorted(TINY)}")
     make_config = TINY[family][0]
     tok = tiny_tokenizer(family)
-    mask = tok.mask_token or "<|mdm_mask|>"  # LLaDA's tokenizer declares no mask token: the id lives in the config
-    ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask), eos_token_id=tok.eos_token_id,
+    mask = tok.mask_token or MASK_IN_CONFIG.get(family)  # LLaDA's, Nemotron's: the id lives in the config
+    ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask) if mask else None, eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
     vocab = config_overrides.pop("vocab_size", len(tok))  # larger than the tokenizer's: e.g. an official vocabulary
     return make_config(vocab, **{**ids, **config_overrides}), tok

@@ -12,12 +12,15 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma")  # sdar_moe uses the sdar tokenizer
+FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma", "nemotron_diffusion")  # sdar_moe: sdar's
 VOCAB_SIZE = 512  # including special tokens
 
 # Token the model emits to end its turn.
 TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", "llada2": "<|role_end|>",
-            "diffusion_gemma": "<turn|>"}
+            "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>"}
+
+# The mask token of families whose tokenizer declares none (the id is config.mask_token_id): its string here.
+MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>"}
 
 # ---- chat templates (compact, tool-free rewrites of the official ones) ----
 
@@ -101,6 +104,28 @@ DIFFUSION_GEMMA_TEMPLATE = r"""
 {%- if add_generation_prompt %}{{- '<|turn>model\n' }}{%- endif %}
 """
 
+# Nemotron-Labs-Diffusion: ChatML turns after an always-present system turn; the answer follows an empty
+# "<think></think>" unless thinking is on (enable_thinking, default off). The checkpoint's template is not public
+# here: this one renders what NVIDIA's TensorRT parity tests pin for a single user turn (TensorRT model connect,
+# nemotron_labs_diffusion chat_templates: "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n
+# <|im_start|>assistant\n<think></think>", "<think>\n" with thinking), and its assistant turns carry the same marker.
+NEMOTRON_DIFFUSION_TEMPLATE = r"""
+{%- set enable_thinking = enable_thinking if enable_thinking is defined else false %}
+{%- set system = messages[0].content if messages and messages[0].role == 'system' else '' %}
+{{- '<|im_start|>system\n' + system + '<|im_end|>\n' }}
+{%- for m in messages %}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+    {%- elif m.role == 'assistant' %}
+        {%- set content = m.content if '<think>' in m.content else '<think></think>' + m.content %}
+        {{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' + ('<think>\n' if enable_thinking else '<think></think>') }}
+{%- endif %}
+"""
+
 # ---- per-family special tokens (real strings; listed first -> ids 0..k-1) ----
 
 _SPEC = {
@@ -125,6 +150,11 @@ _SPEC = {
     "diffusion_gemma": dict(
         pad="<pad>", bos="<bos>", eos="<eos>", mask=None, template=DIFFUSION_GEMMA_TEMPLATE,
         extra=["<unk>", "<|turn>", "<turn|>"],
+    ),
+    # Tekken's <s>; EOS: the turn end (id 11 in NVIDIA's parity tests); the mask token (config id 100) is undeclared
+    "nemotron_diffusion": dict(
+        bos="<s>", eos="<|im_end|>", mask=None, template=NEMOTRON_DIFFUSION_TEMPLATE,
+        extra=["<SPECIAL_100>", "<|im_start|>", "<think>", "</think>"],
     ),
 }
 

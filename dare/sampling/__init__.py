@@ -1,6 +1,7 @@
 """Generation for every family: masked diffusion (LLaDA, Dream; semi-autoregressive blocks, Fast-dLLM prefix/dual
-cache, confidence-threshold parallel decoding) and block diffusion (SDAR, LLaDA2; block-wise KV cache, static or
-dynamic unmasking). Every sampler returns the trajectory (the step at which each token was fixed).
+cache, confidence-threshold parallel decoding), block diffusion (SDAR, LLaDA2; block-wise KV cache, static or
+dynamic unmasking), uniform noise (DiffusionGemma) and blocks against a causal context (Nemotron-Labs-Diffusion).
+Every sampler returns the trajectory (the step at which each token was fixed).
 
     out = generate(model, family, prompt_ids, prompt_mask, SamplingConfig(gen_length=256, steps=256))
 """
@@ -30,6 +31,7 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
     # here, not at the top: --help imports this package, and dare.models and the samplers import transformers
     from ..models.family import max_positions
     from .block import generate_block
+    from .causal import generate_causal
     from .masked import generate_masked
     from .uniform import generate_uniform
 
@@ -47,6 +49,11 @@ def generate(model, family, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor 
             if canvas is not None or from_step or to_step is not None:
                 raise ValueError(f"{family.name}: a uniform-noise decoding cannot be resumed from a partial canvas")
             return generate_uniform(model, family, prompt_ids, prompt_mask.long(), config, generator)
+        if family.causal_block is not None:
+            if canvas is not None or from_step or to_step is not None:
+                raise ValueError(f"{family.name}: a decoding against a causal context cannot be resumed from a "
+                                 "partial canvas")
+            return generate_causal(model, family, prompt_ids, prompt_mask.long(), config, generator)
         if family.is_block_diffusion:
             return generate_block(model, family, prompt_ids, prompt_mask.long(), config, generator, canvas,
                                   from_step, to_step, fixed_shapes)

@@ -240,6 +240,8 @@ def plan_for(family):
     """The planner of ``family``'s sampler."""
     if family.noise == "uniform":
         return plan_uniform
+    if family.causal_block is not None:
+        return plan_causal
     return plan_block if family.is_block_diffusion else plan_masked
 
 
@@ -317,4 +319,32 @@ def plan_masked(cfg, family) -> tuple[int, int]:
         raise ValueError("classifier-free guidance needs cache='none'")
     if cfg.vicinity and cache_mode != "dual":
         raise ValueError(f"vicinity={cfg.vicinity} refreshes the dual cache around the block: set cache='dual'")
+    return n_blocks, steps
+
+
+def plan_causal(cfg, family) -> tuple[int, int]:
+    """``(number of blocks, total steps)`` of a decoding against a causal context (``sampling/causal.py``); every
+    setting that sampler refuses raises here, before any model runs."""
+    length, block = cfg.gen_length, cfg.block_length or family.causal_block
+    if length % block:
+        raise ValueError(f"gen_length {length} is not divisible by block_length {block} ({family.name} decodes whole "
+                         "blocks against its causal context)")
+    if (cfg.cache or "prefix") != "prefix":
+        raise ValueError(f"{family.name} denoises each block against the causal cache of what precedes it: cache must "
+                         f"be 'prefix' (or unset), got {cfg.cache!r}")
+    refused = {"schedule": cfg.schedule not in (None, "linear"), "cfg_scale": bool(cfg.cfg_scale),
+               "editing_threshold": cfg.editing_threshold is not None, "vicinity": bool(cfg.vicinity),
+               "alg_temp": cfg.alg_temp is not None, "eos_early_rejection": cfg.eos_early_rejection is not None}
+    if any(refused.values()):
+        names = ", ".join(k for k, v in refused.items() if v)
+        raise ValueError(f"{family.name}'s causal-context sampler takes no {names} (its blocks commit LLaDA's even "
+                         "split of their masks, or a threshold)")
+    n_blocks = length // block
+    steps = cfg.steps or length
+    if steps > length or steps % n_blocks:
+        raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({n_blocks}) and at most "
+                         f"gen_length ({length})")
+    if block > 1 and steps // n_blocks < 2 and cfg.threshold is None and cfg.factor is None:
+        raise ValueError(f"steps ({steps}) leave one step per block: the first token of a block takes its first step "
+                         "and its masks need at least one more")
     return n_blocks, steps

@@ -1,0 +1,98 @@
+"""Diffusion decoding against a causal context (Nemotron-Labs-Diffusion): one checkpoint read left to right for
+what is committed and bidirectionally for the block being denoised.
+
+As the checkpoint's own ``generate`` (``modeling_nemotron_labs_diffusion.py``, read, not copied): a causal pass over
+the prompt fills the KV cache and its last logit proposes the first token of the first block; each block of
+``block_length`` positions then holds that token and masks, and is denoised against the cached context only (later
+blocks do not exist yet), its own positions reading each other bidirectionally, the scheduled number of most confident
+masks committed per step (LLaDA's even split of the block's masks over its steps, remainder first) or those a
+threshold admits (``threshold_rule`` "one": the most confident always, the others at or above it); a causal pass over
+the finished block appends its keys and values to the cache and its last logit proposes the next block's first token.
+A block owns the global steps ``b * S .. (b + 1) * S - 1`` (S = steps per block): its first token is committed at the
+block's first step (by the causal pass before it, which costs no extra forward), its masks at the following ones,
+so ``steps = gen_length`` commits one token per step as the official sampler does.
+
+Where DARE differs: rows are left-padded (positions count from each row's first real token; the official code takes
+one unpadded prompt); a row stops committing inside a block once it holds a stop token with no mask before it, and
+after a block rows holding a stop token are finished (the official code stops the whole batch's block when any row
+does); tokens after the first stop token are padding; the mask token is never proposed.
+"""
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .cache import truncate
+from .config import Generation, plan_causal
+from .primitives import after_first, ban, decode_step, linear_schedule, proposal_entropy
+
+
+def generate_causal(model, family, prompt_ids, prompt_mask, cfg, generator):
+    n_rows, p_len = prompt_ids.shape
+    length = cfg.gen_length
+    n_blocks, steps = plan_causal(cfg, family)
+    block, per_block = length // n_blocks, steps // n_blocks
+    dynamic = cfg.threshold is not None or cfg.factor is not None
+    x = torch.cat([prompt_ids, prompt_ids.new_full((n_rows, length), family.mask_id)], 1)
+    attn = torch.cat([prompt_mask, prompt_mask.new_ones(n_rows, length)], 1)
+    step_map = torch.full((n_rows, length), -1, dtype=torch.long, device=x.device)
+    out = Generation(x[:, p_len:], step_map, step_map.clone())
+    if cfg.record_entropy:
+        out.entropy = torch.zeros(step_map.shape, device=x.device)
+    stop_ids = torch.tensor(family.stop_ids, device=x.device)
+    live = torch.ones(n_rows, dtype=torch.bool, device=x.device)
+    cache = DynamicCache()
+    seed = model(x[:, :p_len], attention_mask=attn[:, :p_len], cache=cache, causal=True, logits_to_keep=1).logits
+    out.nfe += 1
+
+    def commit(lg, masked, n, start, end, step, j):
+        x0, chosen, _ = decode_step(lg, masked, n, cfg, family.eos_id, generator, family.mask_id)
+        x[:, start:end][chosen] = x0[chosen]
+        region = slice(start - p_len, end - p_len)
+        out.step_map[:, region][chosen], out.block_step[:, region][chosen] = step, j
+        if cfg.record_entropy:
+            drawn = proposal_entropy(ban(lg, cfg, family.eos_id, family.mask_id), cfg.temperature, cfg.top_k,
+                                     cfg.top_p)
+            out.entropy[:, region][chosen] = drawn[chosen]
+        if cfg.record_states:
+            out.states.append(x[:, p_len:].clone())
+        return chosen
+
+    for b in range(n_blocks):
+        start, end = p_len + b * block, p_len + (b + 1) * block
+        step = b * per_block
+        first = torch.zeros((n_rows, block), dtype=torch.bool, device=x.device)
+        first[:, 0] = live  # the causal pass's proposal fills the block's first position
+        commit(seed, first[:, :1], first[:, :1].sum(-1), start, start + 1, step, 0)
+        masked = (x[:, start:end] == family.mask_id) & live[:, None]
+        schedule = linear_schedule(masked.sum(-1), per_block - 1) if per_block > 1 else None
+        j = 1
+        while masked.any() and (dynamic or j < per_block):
+            lg = family.logits(model, x[:, start:end], attn[:, :end], cache=cache)
+            truncate(cache, start)
+            out.nfe += 1
+            left = masked.sum(-1)
+            n = schedule[:, j - 1] if j < per_block else torch.zeros_like(left)
+            n = torch.maximum(n.minimum(left), (left > 0).long()) if dynamic else n.minimum(left)
+            masked &= ~commit(lg, masked, n, start, end, b * per_block + j, j)
+            if cfg.stop_at_eos:  # a stop token with nothing masked before it: the row is done
+                done = torch.isin(x[:, start:end], stop_ids) & ~after_first(x[:, start:end] == family.mask_id)
+                masked &= ~done.any(-1, keepdim=True)
+            j += 1
+        if cfg.stop_at_eos:
+            live &= ~torch.isin(x[:, p_len:end], stop_ids).any(-1)
+            if not live.any():
+                break
+        if b + 1 < n_blocks:  # the finished block joins the causal context and proposes the next block's first token
+            seed = model(x[:, start:end], attention_mask=attn[:, :end], cache=cache, causal=True,
+                         logits_to_keep=1).logits
+            out.nfe += 1
+    seq = x[:, p_len:]
+    stops = torch.isin(seq, stop_ids)
+    unused = (seq == family.mask_id) | (after_first(stops) if cfg.stop_at_eos else torch.zeros_like(stops))
+    out.sequences = seq.masked_fill(unused, family.pad_id)
+    out.step_map, out.block_step = out.step_map.masked_fill(unused, -1), out.block_step.masked_fill(unused, -1)
+    if cfg.record_entropy:
+        out.entropy = out.entropy.masked_fill(unused, 0.0)
+    if cfg.record_states:
+        out.states = [s.masked_fill(unused, family.pad_id) for s in out.states]
+    return out
