@@ -77,7 +77,7 @@ def test_the_multi_gpu_page_shows_each_recipes_own_launch_line():
     """docs/scale-out.md repeats each recipe's first line (its launch command): a recipe that changes its launch
     changes the page."""
     page = (DOCS / "scale-out.md").read_text()
-    for family in ("llada", "dream", "sdar", "llada2", "diffusion_gemma"):
+    for family in ("llada", "dream", "sdar", "llada2", "diffusion_gemma", "nemotron_diffusion"):
         for recipe in ("sft.yaml", "sft_lora.yaml", "d1_math.yaml"):
             line = (ROOT / "recipes" / family / recipe).read_text().splitlines()[0].lstrip("# ")
             assert line.startswith("accelerate launch ") and f"\n{line}\n" in page, (family, recipe)

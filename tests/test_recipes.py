@@ -18,7 +18,7 @@ EVAL_RECIPES = [p for p in RECIPES if p.stem.startswith("eval")]
 RL_RECIPES = [p for p in RECIPES if p not in SFT_RECIPES + EVAL_RECIPES]
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 FAMILY_MARKERS = {"llada": "LLaDA-", "dream": "Dream", "sdar": "SDAR", "llada2": "LLaDA2",
-                  "diffusion_gemma": "diffusiongemma"}
+                  "diffusion_gemma": "diffusiongemma", "nemotron_diffusion": "Nemotron-Labs-Diffusion"}
 # checkpoints of a family's architecture under another name: TraDo (SDAR's), a causal LM dare.convert made ("a2d-")
 CHECKPOINTS = {"sdar": ("TraDo", "outputs/a2d-"), "dream": ("outputs/a2d-",)}
 
@@ -153,7 +153,7 @@ def test_rl_recipe_runs_a_step_on_its_own_data(path, tmp_path, capsys):
                       prompts_per_step=2, num_generations=4, micro_batch_size=2, bf16=False, report_to="none",
                       log_completions=0, data__limit=8, data__eval_limit=4, rollout__gen_length=8,
                       validation__gen_length=8)
-    if family in ("llada", "dream"):
+    if family in ("llada", "dream", "nemotron_diffusion"):  # blocks of the whole (short) completion
         for section in (args.rollout, args.validation):
             section.block_length = section.steps = None
     args.algo_config.num_iterations = 1  # one rollout: its mini-batches are the steps
