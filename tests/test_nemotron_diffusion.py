@@ -241,3 +241,81 @@ def test_settings_the_causal_context_sampler_cannot_honour_fail_before_decoding(
             generate(model, family, ids, None, SamplingConfig(**{"gen_length": 8, **bad}))
     with pytest.raises(ValueError, match="cannot be resumed"):
         generate(model, family, ids, None, SamplingConfig(gen_length=8), from_step=2)
+
+
+def official_speculative(model, prompt, max_new_tokens, block_length, threshold, mask_id, eos_id):
+    """The checkpoint's ``linear_spec_generate`` restated for one prompt at temperature 0 (the mask token never
+    proposed): ``(tokens, forwards)``."""
+    def proposal(logits):
+        logits = logits.clone()
+        logits[..., mask_id] = float("-inf")
+        return logits.argmax(-1), logits.softmax(-1).amax(-1)
+
+    cache = DynamicCache()
+    seed = proposal(model(input_ids=prompt, cache=cache, causal=True).logits[:, -1])[0]
+    made, forwards = [seed], 1
+    while sum(len(t) for t in made) < max_new_tokens and not (made[-1] == eos_id).any():
+        start = cache.get_seq_length()
+        block = torch.full((1, block_length), mask_id)
+        block[0, 0] = made[-1][-1]
+        while (block == mask_id).any():
+            masked = block == mask_id
+            x0, conf = proposal(model(input_ids=block, cache=cache).logits)
+            truncate(cache, start)
+            forwards += 1
+            if threshold is None:
+                block = torch.where(masked, x0, block)
+                break
+            conf = torch.where(masked, conf, float("-inf"))
+            unmask = conf >= threshold
+            if not unmask.any():
+                unmask = conf == conf.max()
+            block = torch.where(unmask, x0, block)
+        verified = proposal(model(input_ids=block, cache=cache, causal=True).logits)[0][0]
+        forwards += 1
+        accepted = 0
+        while accepted < block_length - 1 and verified[accepted] == block[0, accepted + 1]:
+            accepted += 1
+        accepted += 1
+        truncate(cache, start + accepted)
+        made.append(verified[:accepted])
+    tokens = torch.cat(made)[:max_new_tokens]
+    eos = tokens == eos_id
+    return (tokens[:int(eos.long().argmax()) + 1] if eos.any() else tokens), forwards
+
+
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_self_speculation_equals_the_official_loop_and_greedy_autoregressive_decoding(threshold):
+    """Greedy self-speculation keeps only tokens the causal pass itself proposes, so its output is greedy
+    autoregressive decoding whatever the drafts; what the drafts decide is how many forwards it takes (the official
+    loop's count). A left-padded batch decodes each row as alone."""
+    model, tok, family = confident_nemotron()
+    with torch.no_grad():  # EOS where token 379 would be: the second prompt's 7th token
+        model.diffusion_head.weight[family.eos_id] = model.diffusion_head.weight[379] * 1.01
+    prompts = ["What is 2 + 3?", "Question: Natalia sold 48 clips in April and half as many in May."]
+    config = SamplingConfig(gen_length=16, threshold=threshold, speculative=True)
+    batch = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    together = generate(model, family, batch.input_ids, batch.attention_mask, config)
+    autoregressive = generate(model, family, batch.input_ids, batch.attention_mask,
+                              SamplingConfig(gen_length=16, block_length=1))
+    assert torch.equal(together.sequences, autoregressive.sequences)
+    for row, prompt in enumerate(prompts):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        alone = generate(model, family, ids, None, config)
+        expected, forwards = official_speculative(model, ids, 16, 4, threshold, family.mask_id, family.eos_id)
+        print(f"row {row}: {len(expected)} tokens in {forwards} forwards (autoregressive decoding: {len(expected)})")
+        assert torch.equal(alone.sequences[0][:len(expected)], expected) and alone.nfe == forwards
+        assert torch.equal(together.sequences[row], alone.sequences[0])
+        assert (alone.step_map[0][:len(expected)] >= 0).all() and (alone.step_map[0][len(expected):] == -1).all()
+    assert (together.sequences[1] == family.eos_id).any()
+    llada, llada_tok = tiny("llada")
+    with pytest.raises(ValueError, match="has no causal reading"):
+        SamplingConfig(speculative=True).check(Family.from_pretrained(llada.config, llada_tok))
+
+
+def test_a_draft_is_accepted_up_to_its_first_disagreement():
+    from dare.sampling.causal import agreeing_prefix
+    draft = torch.tensor([7, 1, 9, 3])  # the causal pass confirms 1, not 9; a later agreement (3) does not count
+    assert agreeing_prefix(draft, torch.tensor([1, 2, 3, 4])) == 1
+    assert agreeing_prefix(draft, torch.tensor([1, 9, 3, 5])) == 3
+    assert agreeing_prefix(draft, torch.tensor([2, 9, 3, 5])) == 0

@@ -84,7 +84,7 @@ class NemotronLabsDiffusionModel(DiffusionLM):
 
 
 def tiny_config(vocab_size: int, **overrides) -> NemotronDiffusionConfig:
-    rope = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 16,
+    rope = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 128.0, "original_max_position_embeddings": 16,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
     kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rope_parameters=rope, block_size=4)

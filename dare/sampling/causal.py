@@ -12,6 +12,13 @@ A block owns the global steps ``b * S .. (b + 1) * S - 1`` (S = steps per block)
 block's first step (by the causal pass before it, which costs no extra forward), its masks at the following ones,
 so ``steps = gen_length`` commits one token per step as the official sampler does.
 
+``speculative`` (the checkpoint's ``linear_spec_generate``, self-speculation): after the causal prefill, each round
+drafts a block (its first token the one proposed last, the rest masks) bidirectionally against the cache, in one pass
+or, with a threshold, committing the most confident and every other at or above it until no mask is left; a causal
+pass over the draft then proposes every next token; the longest prefix on which the draft agrees with those proposals
+stays, plus the proposal after it (the bonus token: at least one token a round), and the cache keeps the accepted
+positions only. All the tokens of a round share its step.
+
 Where DARE differs: rows are left-padded (positions count from each row's first real token; the official code takes
 one unpadded prompt); a row stops committing inside a block once it holds a stop token with no mask before it, and
 after a block rows holding a stop token are finished (the official code stops the whole batch's block when any row
@@ -23,10 +30,12 @@ from transformers.cache_utils import DynamicCache
 
 from .cache import truncate
 from .config import Generation, plan_causal
-from .primitives import after_first, ban, decode_step, linear_schedule, proposal_entropy
+from .primitives import after_first, ban, decode_step, linear_schedule, proposal_entropy, propose
 
 
 def generate_causal(model, family, prompt_ids, prompt_mask, cfg, generator):
+    if cfg.speculative:
+        return generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator)
     n_rows, p_len = prompt_ids.shape
     length = cfg.gen_length
     n_blocks, steps = plan_causal(cfg, family)
@@ -95,4 +104,58 @@ def generate_causal(model, family, prompt_ids, prompt_mask, cfg, generator):
         out.entropy = out.entropy.masked_fill(unused, 0.0)
     if cfg.record_states:
         out.states = [s.masked_fill(unused, family.pad_id) for s in out.states]
+    return out
+
+
+def agreeing_prefix(draft: torch.Tensor, verified: torch.Tensor) -> int:
+    """How many drafted tokens after the first the causal pass confirms in a row: ``verified[i]`` is its proposal for
+    the position after ``draft[i]``."""
+    return int((verified[:-1] == draft[1:]).long().cumprod(0).sum())
+
+
+def generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator):
+    """Self-speculative decoding (module docstring), one row at a time (rows accept different numbers of tokens)."""
+    length, block = cfg.gen_length, cfg.block_length or family.causal_block
+    n_rows = prompt_ids.shape[0]
+    out = Generation(prompt_ids.new_full((n_rows, length), family.pad_id),
+                     torch.full((n_rows, length), -1, dtype=torch.long, device=prompt_ids.device), None)
+    stop_ids = torch.tensor(family.stop_ids, device=prompt_ids.device)
+
+    def draw(logits):
+        return propose(ban(logits, cfg, family.eos_id, family.mask_id), cfg.temperature, cfg.top_k, cfg.top_p,
+                       generator)
+
+    for r in range(n_rows):
+        ids = prompt_ids[r:r + 1, prompt_mask[r].bool()]
+        cache, rounds = DynamicCache(), 0
+        made = [draw(model(ids, cache=cache, causal=True, logits_to_keep=1).logits)[0]]
+        out.nfe += 1
+        out.step_map[r, 0] = 0
+        while sum(len(t) for t in made) < length and not torch.isin(made[-1], stop_ids).any():
+            rounds += 1
+            start = cache.get_seq_length()
+            draft = torch.cat([made[-1][-1:], made[-1].new_full((block - 1,), family.mask_id)])[None]
+            masked = draft == family.mask_id
+            while masked.any():
+                logits = model(draft, cache=cache).logits
+                truncate(cache, start)
+                out.nfe += 1
+                if cfg.threshold is None:  # one pass fills every mask
+                    draft = torch.where(masked, draw(logits), draft)
+                    break
+                x0, chosen, _ = decode_step(logits, masked, torch.ones(1, dtype=torch.long), cfg, family.eos_id,
+                                            generator, family.mask_id)
+                draft, masked = torch.where(chosen, x0, draft), masked & ~chosen
+            verified = draw(model(draft, cache=cache, causal=True).logits)[0]  # verified[i]: the token after i
+            out.nfe += 1
+            accepted = agreeing_prefix(draft[0], verified) + 1
+            truncate(cache, start + accepted)
+            made.append(verified[:accepted])
+            out.step_map[r, sum(len(t) for t in made[:-1]):][:accepted] = rounds
+        tokens = torch.cat(made)[:length]
+        stops = torch.isin(tokens, stop_ids)
+        keep = len(tokens) if not stops.any() else int(stops.long().argmax()) + 1
+        out.sequences[r, :keep] = tokens[:keep]
+        out.step_map[r, keep:] = -1
+    out.block_step = out.step_map.clone()
     return out

@@ -55,6 +55,9 @@ class SamplingConfig:
     editing_threshold: float | None = None  # block families: LLaDA2.1 editing, overwrite decoded tokens above it
     max_post_steps: int = 16  # LLaDA2.1 editing: refinement steps after a block has no masks left
     cfg_scale: float = 0.0  # classifier-free guidance (masked diffusion, cache "none")
+    # causal-context families (Nemotron-Labs-Diffusion): self-speculation, each block drafted bidirectionally (in one
+    # pass, or with a threshold as threshold decoding), verified left to right; the longest agreeing prefix + 1 stays
+    speculative: bool = False
     suppress_eos: bool = False  # never propose EOS (LLaDA's logits_eos_inf)
     # block families: a sequence is finished after the block holding its first stop token (EOS or turn end); tokens
     # after it are padding
@@ -77,6 +80,9 @@ class SamplingConfig:
     def resolve(self, family) -> "SamplingConfig":
         """A copy with the family's defaults filled in (Dream: its linspace schedule and entropy confidence; with a
         threshold the confidence must be a probability: Dream's official confidence_threshold uses maskgit_plus)."""
+        if self.speculative and family.causal_block is None:
+            raise ValueError(f"speculative decoding drafts with a bidirectional reading and verifies with a causal one "
+                             f"of the same weights: {family.name} has no causal reading (Nemotron-Labs-Diffusion has)")
         remasking = self.remasking or family.remasking
         if self.threshold is not None and not self.remasking and remasking not in PROBABILITIES:
             remasking = "maskgit_plus"
@@ -333,6 +339,8 @@ def plan_causal(cfg, family) -> tuple[int, int]:
         raise ValueError(f"{family.name} denoises each block against the causal cache of what precedes it: cache must "
                          f"be 'prefix' (or unset), got {cfg.cache!r}")
     refused = {"schedule": cfg.schedule not in (None, "linear"), "cfg_scale": bool(cfg.cfg_scale),
+               "factor": cfg.speculative and cfg.factor is not None,
+               "record_states": cfg.speculative and cfg.record_states,
                "editing_threshold": cfg.editing_threshold is not None, "vicinity": bool(cfg.vicinity),
                "alg_temp": cfg.alg_temp is not None, "eos_early_rejection": cfg.eos_early_rejection is not None}
     if any(refused.values()):
