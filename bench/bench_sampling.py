@@ -1,6 +1,7 @@
 """Decoding speed of every sampler path on random models: Fast-dLLM prefix / dual cache (and dInfer's vicinity
 refresh of the dual cache) and confidence-threshold parallel decoding for masked diffusion (LLaDA, Dream); block KV
-cache and static vs dynamic unmasking for block diffusion (SDAR, LLaDA2). One run prints both tables.
+cache and static vs dynamic unmasking for block diffusion (SDAR, LLaDA2); autoregressive decoding, blocks against a
+causal context and self-speculation for Nemotron-Labs-Diffusion. One run prints the three tables.
 
     python bench/bench_sampling.py            # tiny + 1-layer LLaDA/Dream, 57M LLaDA; tiny SDAR/LLaDA2, 51M SDAR
     python bench/bench_sampling.py --quick    # smoke run: tiny models only, gen length 64 (< 30 s)
@@ -8,6 +9,8 @@ cache and static vs dynamic unmasking for block diffusion (SDAR, LLaDA2). One ru
     python bench/bench_sampling.py --large-masked --large-block      # tiny models only, gen length 256
     python bench/bench_sampling.py --jobs 1 --large-batch 4 --large-masked llada dream   # sequential, bigger
     python bench/bench_sampling.py --large-masked --large-block --model outputs/standin-llada   # + a trained stand-in
+    python bench/bench_sampling.py --masked --block --no-one-layer --large-masked --large-block \
+        --model outputs/standin-nemotron_diffusion    # Nemotron's three modes on its trained stand-in
 
 How each row is made and read: bench/README.md.
 """
@@ -54,6 +57,14 @@ BLOCK_METHODS = {
     "block cache, static": (dict(cache="block"), "no cache, static"),
     "no cache, dynamic": (dict(cache="none", threshold=True), "no cache, dynamic"),
     "block cache, dynamic": (dict(cache="block", threshold=True), "no cache, dynamic"),
+}
+# blocks of the family's size against a causal context (dare/sampling/causal.py); its reference: autoregressive
+CAUSAL_METHODS = {
+    "autoregressive": (dict(block_length=1), "autoregressive"),
+    "blocks, static": ({}, "blocks, static"),
+    "blocks, threshold": (dict(threshold=True), "blocks, static"),
+    "speculative": (dict(speculative=True), "autoregressive"),
+    "speculative + threshold": (dict(speculative=True, threshold=True), "autoregressive"),
 }
 
 
@@ -112,7 +123,8 @@ class Spec:
 COST = {"plain": 1, "prefix cache": .5, "dual cache": .17, "threshold": .2, "prefix + threshold": .11,
         "dual + threshold": .07, "dual + vicinity 16": .3, "dual + vicinity 16 + threshold": .12,
         "no cache, static": .35, "block cache, static": .06, "no cache, dynamic": .28,
-        "block cache, dynamic": .05}
+        "block cache, dynamic": .05, "autoregressive": .3, "blocks, static": .3, "blocks, threshold": .1,
+        "speculative": .5, "speculative + threshold": .6}
 
 _MODELS = {}  # per worker process: label -> (model, family, ids, mask), built and warmed up once
 
@@ -126,7 +138,7 @@ def run_job(job):
         model, tok, family = build(spec, seed)
         rows = make_task(spec.task, spec.batch, 0, "test") if spec.task else []
         ids, mask = prompt_batch(tok, spec.batch, [r["prompt"][-1]["content"] for r in rows])
-        warm_length = spec.base_cfg.get("block_length") or family.block_size
+        warm_length = spec.base_cfg.get("block_length") or family.block_size or family.causal_block
         warm = dict(spec.base_cfg, gen_length=warm_length, block_length=None, steps=min(4, warm_length))
         generate(model, family, ids, mask, SamplingConfig(**warm))  # warm-up, once per model and process
         _MODELS[spec.label] = (model, tok, family, ids, mask, rows)
@@ -208,6 +220,8 @@ def main():
                    help="masked-diffusion families benchmarked as tiny models (default: llada dream)")
     p.add_argument("--block", nargs="*", default=["sdar", "llada2"], choices=["sdar", "sdar_moe", "llada2"],
                    help="block-diffusion families benchmarked as tiny models (default: sdar llada2)")
+    p.add_argument("--causal", nargs="*", default=["nemotron_diffusion"], choices=["nemotron_diffusion"],
+                   help="families decoding against a causal context, tiny random (default nemotron_diffusion)")
     p.add_argument("--large-masked", nargs="*", default=["llada"], choices=["llada", "dream"],
                    help="masked-diffusion families also benchmarked at the large size (default: llada; none: "
                         "pass the flag with no value)")
@@ -264,6 +278,7 @@ def main():
     masked_cfg = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps or a.gen_length,
                       temperature=0.0, remasking=a.remasking, schedule=None if a.schedule == "family" else a.schedule)
     block_cfg = dict(gen_length=a.gen_length, temperature=0.0, remasking=a.remasking, stop_at_eos=False)
+    causal_cfg = dict(gen_length=a.gen_length, temperature=0.0, stop_at_eos=False)
     specs = []
     for fam in a.masked:
         specs.append(Spec("masked", f"{fam}-tiny", fam, {}, a.batch, a.repeats, a.tiny_sharpen, masked_cfg,
@@ -278,13 +293,17 @@ def main():
     for fam in a.block:
         specs.append(Spec("block", f"{fam}-tiny", fam, {}, a.batch, a.repeats, a.tiny_sharpen, block_cfg,
                           BLOCK_METHODS, "no cache, static", 0.05))
+    for fam in a.causal:
+        specs.append(Spec("causal", f"{fam}-tiny", fam, {}, a.batch, a.repeats, a.tiny_sharpen, causal_cfg,
+                          CAUSAL_METHODS, "autoregressive", 0.05))
     for fam in a.large_block:
         specs.append(Spec("block", f"{fam}-large", fam, large_overrides(fam, a), a.large_batch, a.large_repeats,
                           a.sharpen, block_cfg, BLOCK_METHODS, "no cache, static", 10.0))
     for folder in a.model:
         fam = load_config(folder)[2]
         section, cfg, methods, ref = (("block", block_cfg, BLOCK_METHODS, "no cache, static") if fam.is_block_diffusion
-                                      else ("masked", masked_cfg, MASKED_METHODS, "plain"))
+                                      else ("causal", causal_cfg, CAUSAL_METHODS, "autoregressive")
+                                      if fam.causal_block else ("masked", masked_cfg, MASKED_METHODS, "plain"))
         specs.append(Spec(section, os.path.basename(os.path.normpath(folder)), fam.name, {}, a.model_batch,
                           a.model_repeats, 1.0, cfg, methods, ref, 1.0, path=folder, task=a.model_task))
     jobs = [(s, m, a.threshold, a.seed, a.threads) for s in specs for m in s.methods]
@@ -317,7 +336,10 @@ def main():
                                       f"{masked_cfg['steps']} steps; reference = plain"),
                            ("block", f"Block diffusion: gen length {a.gen_length}, steps per block = block size; "
                                      f"dynamic = threshold {a.threshold:g}, at least one token per step; "
-                                     "reference = no cache, static")]:
+                                     "reference = no cache, static"),
+                           ("causal", f"Blocks against a causal context: gen length {a.gen_length}, the family's "
+                                      f"block size, one step per token; threshold {a.threshold:g} (at least one "
+                                      "token a step); reference = autoregressive")]:
         chosen = [s for s in specs if s.section == section]
         if not chosen:
             continue

@@ -80,11 +80,13 @@ def test_standin_recipe_trains_and_benches(path, tmp_path):
     args.output_dir, args.max_steps, args.save_steps, args.data.limit = str(tmp_path / "standin"), 2, 2, 32
     train_sft.main(args)
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sampling.py"), "--quick", "--masked", "--block",
-                          "--no-one-layer", "--model", str(tmp_path / "standin"), "--model-batch", "2", "--jobs", "1"],
+                          "--causal", "--no-one-layer", "--model", str(tmp_path / "standin"), "--model-batch", "2",
+                          "--jobs", "1"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| standin |")]
-    assert len(rows) == (4 if path.stem == "sdar" else 8), out.stdout  # bench_sampling.BLOCK_METHODS, MASKED_METHODS
+    # bench_sampling.BLOCK_METHODS, CAUSAL_METHODS, MASKED_METHODS
+    assert len(rows) == {"sdar": 4, "nemotron_diffusion": 5}.get(path.stem, 8), out.stdout
     assert all(re.search(r"\| [\d.]+% \| [\d.]+ \|$", row) for row in rows), rows  # quality, wall seconds
     assert "trained (" in out.stdout and "held-out task:cycle questions" in out.stdout
 

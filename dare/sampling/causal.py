@@ -131,7 +131,7 @@ def generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator)
         made = [draw(model(ids, cache=cache, causal=True, logits_to_keep=1).logits)[0]]
         out.nfe += 1
         out.step_map[r, 0] = 0
-        while sum(len(t) for t in made) < length and not torch.isin(made[-1], stop_ids).any():
+        while sum(len(t) for t in made) < length and not (cfg.stop_at_eos and torch.isin(made[-1], stop_ids).any()):
             rounds += 1
             start = cache.get_seq_length()
             draft = torch.cat([made[-1][-1:], made[-1].new_full((block - 1,), family.mask_id)])[None]
@@ -154,7 +154,7 @@ def generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator)
             out.step_map[r, sum(len(t) for t in made[:-1]):][:accepted] = rounds
         tokens = torch.cat(made)[:length]
         stops = torch.isin(tokens, stop_ids)
-        keep = len(tokens) if not stops.any() else int(stops.long().argmax()) + 1
+        keep = int(stops.long().argmax()) + 1 if cfg.stop_at_eos and stops.any() else len(tokens)
         out.sequences[r, :keep] = tokens[:keep]
         out.step_map[r, keep:] = -1
     out.block_step = out.step_map.clone()
