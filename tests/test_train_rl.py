@@ -348,7 +348,8 @@ def test_the_kl_to_the_rollout_policy_needs_no_reference():
     _, on_policy = algo.surrogate(logp, logp, torch.tensor([1.0]), None)
     assert on_policy["kl"].abs().max() == 0
     with pytest.raises(ValueError, match="kl_to rollout .+wd1 scores none"):
-        get_algorithm("wd1")(kl_to="rollout").validate(type("F", (), {"noise": "mask", "name": "llada"})())
+        family = type("F", (), {"noise": "mask", "name": "llada", "causal_block": None})()
+        get_algorithm("wd1")(kl_to="rollout").validate(family)
 
 
 def test_rollout_rows_can_be_selected():
