@@ -68,10 +68,7 @@ def generate_causal(model, family, prompt_ids, prompt_mask, cfg, generator):
 
     for b in range(n_blocks):
         start, end = p_len + b * block, p_len + (b + 1) * block
-        step = b * per_block
-        first = torch.zeros((n_rows, block), dtype=torch.bool, device=x.device)
-        first[:, 0] = live  # the causal pass's proposal fills the block's first position
-        commit(seed, first[:, :1], first[:, :1].sum(-1), start, start + 1, step, 0)
+        commit(seed, live[:, None], live.long(), start, start + 1, b * per_block, 0)  # the causal pass's proposal
         masked = (x[:, start:end] == family.mask_id) & live[:, None]
         schedule = linear_schedule(masked.sum(-1), per_block - 1) if per_block > 1 else None
         j = 1
