@@ -236,7 +236,8 @@ def test_settings_the_causal_context_sampler_cannot_honour_fail_before_decoding(
     for bad, words in [(dict(gen_length=10), "not divisible by block_length 4"),
                        (dict(cache="dual"), "cache must be 'prefix'"),
                        (dict(schedule="dream"), "takes no schedule"),
-                       (dict(gen_length=8, steps=2), "one step per block")]:
+                       (dict(gen_length=8, steps=2), "one step per block"),
+                       (dict(speculative=True, record_entropy=True), "takes no record_entropy")]:
         with pytest.raises(ValueError, match=words):
             generate(model, family, ids, None, SamplingConfig(**{"gen_length": 8, **bad}))
     with pytest.raises(ValueError, match="cannot be resumed"):

@@ -124,11 +124,11 @@ def generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator)
 
     for r in range(n_rows):
         ids = prompt_ids[r:r + 1, prompt_mask[r].bool()]
-        cache, rounds = DynamicCache(), 0
+        cache, rounds, count = DynamicCache(), 0, 1
         made = [draw(model(ids, cache=cache, causal=True, logits_to_keep=1).logits)[0]]
         out.nfe += 1
         out.step_map[r, 0] = 0
-        while sum(len(t) for t in made) < length and not (cfg.stop_at_eos and torch.isin(made[-1], stop_ids).any()):
+        while count < length and not (cfg.stop_at_eos and torch.isin(made[-1], stop_ids).any()):
             rounds += 1
             start = cache.get_seq_length()
             draft = torch.cat([made[-1][-1:], made[-1].new_full((block - 1,), family.mask_id)])[None]
@@ -148,7 +148,8 @@ def generate_speculative(model, family, prompt_ids, prompt_mask, cfg, generator)
             accepted = agreeing_prefix(draft[0], verified) + 1
             truncate(cache, start + accepted)
             made.append(verified[:accepted])
-            out.step_map[r, sum(len(t) for t in made[:-1]):][:accepted] = rounds
+            out.step_map[r, count:count + accepted] = rounds
+            count += accepted
         tokens = torch.cat(made)[:length]
         stops = torch.isin(tokens, stop_ids)
         keep = int(stops.long().argmax()) + 1 if cfg.stop_at_eos and stops.any() else len(tokens)

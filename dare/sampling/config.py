@@ -341,6 +341,7 @@ def plan_causal(cfg, family) -> tuple[int, int]:
     refused = {"schedule": cfg.schedule not in (None, "linear"), "cfg_scale": bool(cfg.cfg_scale),
                "factor": cfg.speculative and cfg.factor is not None,
                "record_states": cfg.speculative and cfg.record_states,
+               "record_entropy": cfg.speculative and cfg.record_entropy,
                "editing_threshold": cfg.editing_threshold is not None, "vicinity": bool(cfg.vicinity),
                "alg_temp": cfg.alg_temp is not None, "eos_early_rejection": cfg.eos_early_rejection is not None}
     if any(refused.values()):
