@@ -30,6 +30,7 @@ class Args:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     adam_beta1: float = 0.9  # AdamW beta1
     adam_beta2: float = 0.95  # AdamW beta2
+    adam_epsilon: float = 1e-8  # AdamW epsilon
     warmup_steps: float = 0.1  # < 1: fraction of the training steps
     lr_scheduler_type: str = "cosine"  # transformers schedule: constant | linear | cosine | ...
     max_grad_norm: float = 1.0  # clip the global gradient norm to this (0 = off)
@@ -76,9 +77,9 @@ class Args:
 HELP_GROUPS = {
     "model": "model dtype attn_implementation lora export_merged",
     "data": "data",
-    "optimisation": "learning_rate weight_decay adam_beta1 adam_beta2 warmup_steps lr_scheduler_type max_grad_norm "
-                    "num_train_epochs max_steps stop_at_loss per_device_train_batch_size gradient_accumulation_steps "
-                    "group_by_length bf16 gradient_checkpointing sequence_parallel seed",
+    "optimisation": "learning_rate weight_decay adam_beta1 adam_beta2 adam_epsilon warmup_steps lr_scheduler_type "
+                    "max_grad_norm num_train_epochs max_steps stop_at_loss per_device_train_batch_size "
+                    "gradient_accumulation_steps group_by_length bf16 gradient_checkpointing sequence_parallel seed",
     "held-out evaluation": "eval_steps eval_generate eval_sampling eval_rewards",
     "output, logs, resume (docs/outputs.md)": "output_dir logging_steps save_steps save_total_limit report_to console "
                                               "resume resume_must overwrite_output_dir"}
@@ -91,6 +92,7 @@ def main(args: Args):
 
     from dare.data import SFTCollator, load_rows
     from dare.data.sft import tokenize_dataset
+    from dare.diffusion import recipe_for
     from dare.lora import apply_lora
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, start_or_resume
@@ -107,6 +109,9 @@ def main(args: Args):
     if family.noise == "uniform" and (args.data.pack or sp > 1):
         raise ValueError(f"{family.name} reads each whole row with its causal encoder: data.pack and "
                          "sequence_parallel > 1 are not supported for it")
+    if sp > 1 and recipe_for(family).causal_loss:
+        raise ValueError(f"{family.name} trains with a causal + diffusion loss, which sequence_parallel > 1 does not "
+                         "support")
     if sp > 1 and (args.data.pad_to != "max_length" or args.data.max_length % sp):
         raise ValueError(f"sequence_parallel={args.sequence_parallel} splits every row: use data.pad_to=max_length "
                          f"with a data.max_length divisible by it (got {args.data.pad_to}, {args.data.max_length})")
@@ -127,8 +132,8 @@ def main(args: Args):
     generation = held_out_generation(args, tokenizer, family, positions) if args.eval_generate else None
     training_args = TrainingArguments(  # first: under ZeRO-3 (zero3_init_flag) the weights load partitioned
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, warmup_steps=args.warmup_steps,
-        lr_scheduler_type=args.lr_scheduler_type,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon,
+        warmup_steps=args.warmup_steps, lr_scheduler_type=args.lr_scheduler_type,
         max_grad_norm=args.max_grad_norm, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, bf16=mixed_precision(args.bf16),

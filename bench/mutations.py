@@ -1,5 +1,6 @@
-"""Mutation check of the newer algorithms' distinguishing terms (issue 51): each term below is changed in a copy of
-the repository, and the tests named beside it must fail there; a mutation they survive is a term no test pins.
+"""Mutation check of the newer algorithms' distinguishing terms (issue 51) and Nemotron's joint SFT loss (issue 58):
+each term below is changed in a copy of the repository, and the tests named beside it must fail there; a mutation
+they survive is a term no test pins.
 
     python bench/mutations.py                      # every mutation, one pytest each (~8 min on 2 cores)
     python bench/mutations.py --only agrpo dmpo    # the mutations whose name holds one of these words
@@ -34,6 +35,8 @@ class Mutation:
 def tests(*ids: str) -> tuple[str, ...]:
     return tuple(f"tests/{i}" for i in ids)
 
+
+NEMOTRON_SFT = tests("test_objectives.py", "test_nemotron_diffusion.py -k 'spec_formula and nemotron or joint_sft'")
 
 MUTATIONS = [
     Mutation("igpo: the sequence ratio becomes per token", "dare/algos/igpo.py",
@@ -131,6 +134,15 @@ MUTATIONS = [
              tests("test_algos.py -k dmpo")),
     Mutation("dmpo: the weight is not times G", "dare/algos/dmpo.py",
              'weight=batch["advantages"] * group_size,', 'weight=batch["advantages"],', tests("test_algos.py -k dmpo")),
+    Mutation("nemotron sft: the diffusion weight 0.3 becomes 1", "dare/diffusion.py",
+             "diffusion_weight=0.3, causal_loss=True", "diffusion_weight=1.0, causal_loss=True", NEMOTRON_SFT),
+    Mutation("nemotron sft: no causal term", "dare/diffusion.py",
+             "diffusion_weight=0.3, causal_loss=True", "diffusion_weight=0.3, causal_loss=False", NEMOTRON_SFT),
+    Mutation("nemotron sft: the clean half reads block-causally", "dare/models/family.py",
+             "clean_causal=self.causal_block is not None)", "clean_causal=False)", NEMOTRON_SFT),
+    Mutation("nemotron sft: the causal term divided by the masked count", "dare/objectives.py",
+             'parts["causal_loss"] = causal_token.sum() / normaliser[1].clamp(min=1)',
+             'parts["causal_loss"] = causal_token.sum() / normaliser[0].clamp(min=1)', NEMOTRON_SFT),
 ]
 
 

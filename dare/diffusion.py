@@ -27,15 +27,19 @@ recipe we follow UPSTREAM:
            uniformly random vocabulary token (``corrupt_uniform``); the loss is the plain cross-entropy of every
            canvas position, noised or not (``dare.objectives.uniform_sft_loss``).
 
-* nemotron_diffusion  the checkpoint's remote code (``dlm_paradigm`` "bidirectional", the released configs):
-           t ~ U(0, 1), p = (1-eps) t + eps, eps = 1e-3; every response token masked with probability p; CE / p
-           summed over the masked tokens and divided by their number (its ``(sum, count)`` pair, reduced over the
-           global batch); bidirectional attention over the whole sequence; padding is padding. Its ``block_diff``
-           paradigm (the doubled layout with a causal clean half and an autoregressive loss on it) trains none of
-           the released checkpoints and is not here.
+* nemotron_diffusion  NVIDIA's SFT recipe for it (NeMo AutoModel ``examples/dllm_sft/nemotron_labs_diffusion_sft.yaml``:
+           ``dllm.mode`` hybrid, ``dlm_paradigm`` block_diff, block 32, ``ar_loss_alpha`` 0.3; its
+           ``HybridDiffusionLLMLoss`` and ``HybridStrategy``): t ~ U(0, 1), p = (1-eps) t + eps, eps = 1e-3; every
+           response token masked with probability p; the model reads ``[x_t ‖ x_0]`` (a noisy block sees itself and
+           the clean earlier blocks, the clean half reads left to right: the checkpoint's own ``block_diff`` mask);
+           loss = 0.3 x (Σ over masked tokens of CE / p) / (masked tokens of the step)
+                + (Σ over response tokens of the clean half's next-token CE) / (response tokens of the step).
+           Padding is padding (never attended; the checkpoint's flex mask lets a last block's tokens see the pads
+           after them, which carry nothing). The remote code's own ``block_diff`` loss divides the two sums by one
+           count (masked + seq_len); its released configs say "bidirectional" (the inference-time mode).
 
-Block families (sdar, sdar_moe, llada2) are trained on the doubled ``[x_t ‖ x_0]`` layout, built by
-``Family.logits(..., clean_ids=x_0)``.
+Block families (sdar, sdar_moe, llada2) and nemotron_diffusion (``causal_loss``) are trained on the doubled
+``[x_t ‖ x_0]`` layout, built by ``Family.logits(..., clean_ids=x_0)``.
 
 Packed rows (``SFTDataConfig.pack``; ``segment_ids`` in ``dare.objectives``): every recipe applies per example (its own
 t, its masks, SDAR's min_one, its answer length), but no example has an EOS tail: the maskable positions are its
@@ -63,6 +67,9 @@ class NoiseRecipe:
     mask_pads       the EOS/pad run after the response is maskable, attended and in the loss (else it is padding:
                     excluded from attention and from the loss)
     min_one         every sequence with a maskable token gets at least one masked token
+    diffusion_weight  the masked-diffusion term's weight in the loss
+    causal_loss     also the next-token cross-entropy of the clean half of ``[x_t ‖ x_0]``, read left to right, over the
+                    trained positions, divided by their number in the step (Nemotron-Labs-Diffusion's joint loss)
     """
 
     t_low: float = 0.0
@@ -72,8 +79,12 @@ class NoiseRecipe:
     normalizer: str = "answer_length"
     mask_pads: bool = True
     min_one: bool = False
+    diffusion_weight: float = 1.0
+    causal_loss: bool = False
 
     def __post_init__(self):
+        if not self.diffusion_weight > 0:
+            raise ValueError(f"diffusion_weight must be > 0, got {self.diffusion_weight}")
         if not 0.0 <= self.t_low <= self.t_high <= 1.0:
             raise ValueError(f"need 0 <= t_low <= t_high <= 1, got [{self.t_low}, {self.t_high}]")
         if not 0.0 <= self.eps < 1.0:
@@ -95,7 +106,7 @@ RECIPES = {
     # uniform noise (dare.objectives.uniform_sft_loss): t ~ U(1e-4, 1 - 1e-4) (Google's SafeSpan), no weighting, a
     # per-example mean; the response is EOS-filled to whole canvases (SFTCollator) and the padding after is padding
     "diffusion_gemma": NoiseRecipe(t_high=1 - 2e-4, eps=1e-4, weight="none", mask_pads=False),
-    "nemotron_diffusion": NoiseRecipe(normalizer="masked", mask_pads=False),
+    "nemotron_diffusion": NoiseRecipe(normalizer="masked", mask_pads=False, diffusion_weight=0.3, causal_loss=True),
 }
 
 

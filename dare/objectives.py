@@ -41,14 +41,20 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
     t, masked       fix the noise levels ``[N]`` (one per example) and/or the masked positions ``[B, L]`` (must lie
                     in loss_mask); ``masked`` needs ``t`` (the weights). Drawn from ``generator`` when not given.
     normaliser      what the loss divides by (``sft_units`` counts it): the examples (``answer_length`` recipes) or the
-                    masked tokens (``masked``). Default: this batch's own. A trainer passes the count of the whole
+                    masked tokens (``masked``); ``[that, trained tokens]`` with the recipe's causal loss. Default:
+                    this batch's own. A trainer passes the count of the whole
                     optimiser step (every micro-batch, every process, divided by the processes since DDP averages
                     gradients), so the loss does not depend on how the step is split.
     sp              a ``dare.parallel.SequenceParallel``: this process holds 1/sp of every row (the same batch and
                     noise on every process of the group); the loss is its share, and the group's shares add up to
                     the loss (sum the gradients over the group). Normalisers count the whole rows.
     return_parts    also return a dict: t, masked, noisy ids, n_masked / answer_len per example, per-sequence loss
-                    (answer_length normaliser) and the per-token weighted CE ``[B, L]``, for logging and tests.
+                    (answer_length normaliser), the per-token weighted CE ``[B, L]`` and the diffusion term; with a
+                    causal loss, that term and its per-token CE ``[B, L]`` (at each target), for logging and tests.
+
+    The recipe's ``causal_loss`` (Nemotron-Labs-Diffusion) adds the next-token CE of the clean half of ``[x_t ‖ x_0]``
+    (read left to right) at every trained position, divided by the step's trained tokens; the diffusion term is
+    weighted by ``diffusion_weight``.
     """
     recipe = recipe if recipe is not None else recipe_for(family)
     if attention_mask is None:
@@ -60,7 +66,12 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids)
         return uniform_sft_loss(model, family, input_ids, loss_mask, attention_mask, recipe=recipe, t=t,
                                 masked=masked, generator=generator, normaliser=normaliser, return_parts=return_parts)
-    _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids)
+    _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids, recipe.causal_loss)
+    if recipe.causal_loss and family.causal_block is None:
+        raise ValueError(f"{family.name}: the recipe's causal loss reads the clean half left to right, which only a "
+                         "family that decodes against a causal context does")
+    if recipe.causal_loss and sp is not None:
+        raise ValueError(f"{family.name}: sequence parallelism does not support the joint causal + diffusion loss")
     loss_mask = loss_mask.bool()
     if masked is None:
         t, masked = sft_noise(family, input_ids, loss_mask, recipe, generator, segment_ids=segment_ids, t=t)
@@ -68,10 +79,14 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
     masked = masked.bool()
     noisy = input_ids.masked_fill(masked, family.mask_id)
 
-    clean = input_ids if family.is_block_diffusion else None
+    clean = input_ids if family.is_block_diffusion or recipe.causal_loss else None
     padding = attention_mask if segment_ids is None else None
+    targets = torch.zeros_like(loss_mask)  # the causal loss's targets: trained positions after the first
+    targets[:, 1:] = loss_mask[:, 1:] if recipe.causal_loss else False
     if sp is None:  # the masked positions' logits only: the output layer and the logits skip every other position
-        logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids, keep=masked)
+        reads = {} if not recipe.causal_loss else {"clean_keep": targets.roll(-1, 1)}  # position i-1 predicts i
+        logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids, keep=masked, **reads)
+        logits, causal = logits if recipe.causal_loss else (logits, None)
         mine = masked
     else:  # this process scores its chunk of every row; the group's losses add up to the whole loss
         part = sp.chunk(input_ids.shape[1])
@@ -93,16 +108,25 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
     answer_len, n_masked = per_example(loss_mask.long()), per_example(masked.long())
     if normaliser is None:
         normaliser = sft_units(family, loss_mask, masked, recipe, segment_ids)
+    normaliser = torch.as_tensor(normaliser, dtype=torch.float32, device=input_ids.device)
+    units = normaliser[0] if recipe.causal_loss else normaliser
     if recipe.normalizer == "answer_length":
         per_seq = per_example(token) / answer_len.clamp(min=1)
-        loss = per_seq.sum() / normaliser
+        diffusion = per_seq.sum() / units
     else:
         per_seq = per_example(token) / n_masked.clamp(min=1)
-        loss = token.sum() / torch.as_tensor(normaliser, dtype=torch.float32).clamp(min=1)
-    if not return_parts:
-        return loss
-    return loss, {"t": t, "masked": masked, "noisy": noisy, "n_masked": n_masked, "answer_len": answer_len,
-                  "per_seq": per_seq.detach(), "token_loss": token.detach()}
+        diffusion = token.sum() / units.clamp(min=1)
+    loss = recipe.diffusion_weight * diffusion
+    parts = {"t": t, "masked": masked, "noisy": noisy, "n_masked": n_masked, "answer_len": answer_len,
+             "per_seq": per_seq.detach(), "token_loss": token.detach(), "diffusion_loss": diffusion.detach()}
+    if recipe.causal_loss:  # the clean half's next-token CE over the trained positions, per the step's count of them
+        ce = F.cross_entropy(causal.float(), input_ids[targets], reduction="none")
+        causal_token = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        causal_token = causal_token.index_put((targets,), ce)
+        parts["causal_loss"] = causal_token.sum() / normaliser[1].clamp(min=1)
+        loss = loss + parts["causal_loss"]
+        parts["causal_loss"], parts["causal_token_loss"] = parts["causal_loss"].detach(), causal_token.detach()
+    return (loss, parts) if return_parts else loss
 
 
 def uniform_sft_loss(model, family, input_ids, loss_mask, attention_mask, *, recipe=None, t=None, masked=None,
@@ -183,13 +207,17 @@ def sft_noise(family, input_ids: torch.Tensor, loss_mask: torch.Tensor, recipe: 
 def sft_units(family, loss_mask: torch.Tensor, masked: torch.Tensor, recipe: NoiseRecipe | None = None,
               segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """What ``sft_loss`` averages over in a batch: its examples (``answer_length`` recipes, a per-sequence mean; the
-    rows, or the segments of packed rows) or its masked tokens (``masked``: LLaDA2's token mean). Counts add up over
-    micro-batches and processes."""
+    rows, or the segments of packed rows) or its masked tokens (``masked``: LLaDA2's token mean); with a causal loss,
+    ``[that, trained tokens]``. Counts add up over micro-batches and processes."""
     recipe = recipe if recipe is not None else recipe_for(family)
     if recipe.normalizer == "answer_length":
         examples = loss_mask.shape[0] if segment_ids is None else int(segment_ids.max()) + 1
-        return torch.tensor(float(examples), device=loss_mask.device)
-    return masked.sum().float()
+        units = torch.tensor(float(examples), device=loss_mask.device)
+    else:
+        units = masked.sum().float()
+    if recipe.causal_loss:  # and the causal term's: the trained tokens (NeMo AutoModel's supervised-token count)
+        return torch.stack([units, loss_mask.sum().float()])
+    return units
 
 
 def unpacked_index(segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,7 +236,7 @@ def unpacked_index(segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return rows, cols, real
 
 
-def _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids):
+def _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids, causal_loss=False):
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, L], got shape {tuple(input_ids.shape)}")
     for name, x in (("loss_mask", loss_mask), ("attention_mask", attention_mask), ("masked", masked),
@@ -228,8 +256,9 @@ def _check(family, input_ids, loss_mask, attention_mask, t, masked, segment_ids)
                          "(prompt fills the row? response truncated away?)")
     if bool((loss_mask.bool() & ~attention_mask.bool()).any()):
         raise ValueError("loss_mask selects positions that attention_mask excludes")
-    if family.shift and bool((loss_mask.bool() & first).any()):
-        raise ValueError(f"{family.name} predicts token i from position i-1: an example's position 0 (its first "
+    if (family.shift or causal_loss) and bool((loss_mask.bool() & first).any()):
+        reader = "its causal loss predicts" if causal_loss else "predicts"
+        raise ValueError(f"{family.name} {reader} token i from position i-1: an example's position 0 (its first "
                          "position) cannot be in loss_mask (every example needs at least one prompt token)")
     if masked is not None and bool((masked.bool() & ~loss_mask.bool()).any()):
         raise ValueError("masked selects positions outside loss_mask (prompt or excluded padding)")

@@ -11,6 +11,7 @@ from transformers.cache_utils import DynamicCache
 
 from dare.models import Family, NemotronDiffusionConfig, NemotronLabsDiffusionModel, tiny
 from dare.models.nemotron_diffusion import tiny_config
+from dare.objectives import sft_loss
 from dare.sampling import SamplingConfig, generate
 from dare.sampling.cache import truncate
 
@@ -320,3 +321,39 @@ def test_a_draft_is_accepted_up_to_its_first_disagreement():
     assert agreeing_prefix(draft, torch.tensor([1, 2, 3, 4])) == 1
     assert agreeing_prefix(draft, torch.tensor([1, 9, 3, 5])) == 3
     assert agreeing_prefix(draft, torch.tensor([2, 9, 3, 5])) == 0
+
+
+def test_the_joint_sft_loss_is_the_causal_lm_loss_plus_denoising_against_clean_earlier_blocks():
+    """NVIDIA's SFT loss for the family (NeMo AutoModel's hybrid mode on the checkpoint's block_diff layout): its
+    causal term is the next-token loss of transformers' Ministral-3 causal LM on the same weights over the response;
+    its diffusion term reads a noisy block against the clean earlier blocks only (an earlier clean token changes it,
+    a later one does not), and the two add as 0.3 x diffusion + causal."""
+    model, reference = pair(2)
+    fam = Family.from_pretrained(model.config)
+    block = fam.causal_block
+    ids = torch.randint(3, 299, (2, 6 * block), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, block:] = 1  # the first block is the prompt
+    masked = torch.zeros_like(ids, dtype=torch.bool)
+    masked[:, 3 * block:4 * block] = True  # block 3 fully masked
+    t = torch.tensor([0.5, 0.8])
+    with torch.no_grad():
+        loss, parts = sft_loss(model, fam, ids, loss_mask, t=t, masked=masked, return_parts=True)
+        ar = torch.nn.functional.cross_entropy(reference(input_ids=ids).logits[:, :-1].flatten(0, 1),
+                                               ids[:, 1:].flatten(), reduction="none").view(2, -1)
+    expect = (ar * loss_mask[:, 1:]).sum() / loss_mask.sum()
+    torch.testing.assert_close(parts["causal_loss"], expect, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, 0.3 * parts["diffusion_loss"] + parts["causal_loss"])
+
+    def block3(changed_position):
+        other = ids.clone()
+        other[:, changed_position] = (other[:, changed_position] + 1) % 299
+        with torch.no_grad():
+            _, p = sft_loss(model, fam, other, loss_mask, t=t, masked=masked, return_parts=True)
+        return p["token_loss"][:, 3 * block:4 * block]
+
+    same = parts["token_loss"][:, 3 * block:4 * block]
+    assert not torch.allclose(block3(2 * block + 1), same)  # a clean token of an earlier block is read
+    torch.testing.assert_close(block3(4 * block + 1), same)  # a later block's is not
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        sft_loss(model, fam, ids, loss_mask, t=t, masked=masked, sp=object())

@@ -8,7 +8,7 @@ from conftest import BLOCK_FAMILIES, FAMILIES
 
 from dare.diffusion import RECIPES, NoiseRecipe, corrupt, recipe_for, sample_t, sft_masks
 from dare.models import Family, masks
-from dare.objectives import sft_loss
+from dare.objectives import sft_loss, sft_noise, sft_units
 
 LENGTH = 40  # > 32 so LLaDA2 (block 32) sees two blocks
 
@@ -24,18 +24,39 @@ def batch(fam: Family, prompts=(5, 9, 3), responses=(20, 12, 31), seed=0):
     return ids, loss_mask, attn
 
 
+def block_diff_visible(length: int, block: int, valid: torch.Tensor) -> torch.Tensor:
+    """Nemotron-Labs-Diffusion's ``block_diff`` training mask over ``[x_t ‖ x_0]``, restated from its remote code's
+    ``block_diff_mask`` (block diagonal in the noisy half, offset block-causal from noisy to clean, fully causal in
+    the clean half), with padding keys hidden (its flex mask has no padding: DARE's padding is padding)."""
+    q, kv = torch.arange(2 * length)[:, None], torch.arange(2 * length)[None]
+    x0_q, x0_kv = q >= length, kv >= length
+    block_q = torch.where(x0_q, q - length, q) // block
+    block_kv = torch.where(x0_kv, kv - length, kv) // block
+    ok = (((block_q == block_kv) & ~x0_kv & ~x0_q) | ((block_q > block_kv) & x0_kv & ~x0_q)
+          | ((q >= kv) & x0_kv & x0_q))
+    return ok[None] & torch.cat([valid, valid], 1).bool()[:, None, :]
+
+
 def direct_logits(model, fam, noisy, clean, attn):
-    """Aligned logits without Family.logits: a plain call (Dream shifted by hand) or the doubled layout."""
+    """Aligned logits without Family.logits: a plain call (Dream shifted by hand) or the doubled layout; and, for
+    Nemotron's block_diff layout, the clean half's (causal) logits too."""
     with torch.no_grad():
+        if fam.causal_block is not None:
+            length = noisy.shape[1]
+            ok = block_diff_visible(length, fam.causal_block, attn)
+            pos = torch.arange(length).repeat(2)[None].expand(len(noisy), -1)
+            out = model(input_ids=torch.cat([noisy, clean], 1), attention_mask=masks.additive(ok, torch.float32),
+                        position_ids=pos).logits
+            return out[:, :length], out[:, length:]
         if fam.block_size is None:
             out = model(input_ids=noisy, attention_mask=attn).logits
-            return torch.cat([out[:, :1], out[:, :-1]], dim=1) if fam.shift else out
+            return (torch.cat([out[:, :1], out[:, :-1]], dim=1) if fam.shift else out), None
         ids, pos, ok = masks.doubled_layout(noisy, clean, attn, fam.block_size)
         out = model(input_ids=ids, attention_mask=masks.additive(ok, torch.float32), position_ids=pos).logits
-        return out[:, : noisy.shape[1]]
+        return out[:, : noisy.shape[1]], None
 
 
-def spec_loss(logits, x0, masked, loss_mask, t, name):
+def spec_loss(logits, x0, masked, loss_mask, t, name, causal_logits=None):
     """The spec's formula, written out row by row."""
     logp = torch.log_softmax(logits.double(), -1)
     rows, total_ce, total_masked = [], 0.0, 0
@@ -44,11 +65,17 @@ def spec_loss(logits, x0, masked, loss_mask, t, name):
         n = int(masked[b].sum())
         if name == "llada2":  # plain CE averaged over the batch's masked tokens
             total_ce, total_masked = total_ce + ce, total_masked + n
-        elif name == "nemotron_diffusion":  # CE / t summed over the batch, over its masked tokens (the remote code)
+        elif name == "nemotron_diffusion":  # CE / t summed over the batch, over its masked tokens
             total_ce, total_masked = total_ce + ce / t[b].item(), total_masked + n
         else:  # (1/b) Σ_seq (1/ℓ_seq) Σ_masked CE / t
             rows.append(ce / t[b].item() / int(loss_mask[b].sum()))
-    return total_ce / total_masked if name in ("llada2", "nemotron_diffusion") else sum(rows) / len(rows)
+    if name != "nemotron_diffusion":
+        return total_ce / total_masked if name == "llada2" else sum(rows) / len(rows)
+    # NeMo AutoModel's HybridDiffusionLLMLoss with NVIDIA's SFT config (ar_loss_alpha 0.3, noise-count normaliser):
+    # 0.3 x the diffusion term + the clean half's next-token CE over loss_mask[:, 1:], per supervised token
+    causal = torch.log_softmax(causal_logits.double(), -1)
+    ar = sum(-causal[b, i - 1, x0[b, i]] for b in range(x0.shape[0]) for i in range(1, x0.shape[1]) if loss_mask[b, i])
+    return 0.3 * total_ce / total_masked + ar / int(loss_mask.sum())
 
 
 # ---------------------------------------------------------------- recipes and t
@@ -60,8 +87,8 @@ def test_recipes_follow_upstream():
     assert RECIPES["diffusion_gemma"] == NoiseRecipe(0.0, 1 - 2e-4, 1e-4, "none", "answer_length", False, False)
     upstream = NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, False)
     assert RECIPES["llada"] == RECIPES["dream"] == upstream
-    # Nemotron-Labs-Diffusion's remote code: CE / p summed and divided by the masked count; padding never masked
-    assert RECIPES["nemotron_diffusion"] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "masked", False, False)
+    # Nemotron-Labs-Diffusion, NVIDIA's SFT recipe: 0.3 x (CE / p over the masked count) + the causal next-token CE
+    assert RECIPES["nemotron_diffusion"] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "masked", False, False, 0.3, True)
     for name in ("sdar", "sdar_moe"):
         assert RECIPES[name] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, True)
     assert RECIPES["llada2"] == NoiseRecipe(0.3, 0.8, 0.0, "none", "masked", False, False)
@@ -69,6 +96,8 @@ def test_recipes_follow_upstream():
         recipe_for("gpt2")
     with pytest.raises(ValueError, match="t > 0"):
         NoiseRecipe(eps=0.0)
+    with pytest.raises(ValueError, match="diffusion_weight"):
+        NoiseRecipe(diffusion_weight=0.0)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -160,12 +189,46 @@ def test_loss_matches_spec_formula(models, name):
     with torch.no_grad():
         loss = sft_loss(model, fam, ids, loss_mask, attn, t=t, masked=masked)
     head.remove()
-    assert fed[-1] <= int(masked.sum()) if fam.shift else fed[-1] == int(masked.sum())
+    scored = int(masked.sum()) + (int(loss_mask[:, 1:].sum()) if recipe_for(fam).causal_loss else 0)
+    assert fed[-1] <= scored if fam.shift else fed[-1] == scored  # + the causal loss's sources
     noisy = ids.masked_fill(masked, fam.mask_id)
-    logits = direct_logits(model, fam, noisy, ids, attn)
-    expect = spec_loss(logits, ids, masked, loss_mask, t, name)
+    logits, causal = direct_logits(model, fam, noisy, ids, attn)
+    expect = spec_loss(logits, ids, masked, loss_mask, t, name, causal)
     assert loss.dtype == torch.float32
     assert abs(loss.item() - float(expect)) < 1e-5 * max(1.0, abs(float(expect)))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_micro_batches_add_up_to_the_step_loss(models, name):
+    """A step split into micro-batches, each divided by the whole step's counts (``sft_units`` add up; two counts with
+    Nemotron's causal loss), has the loss and gradients of the unsplit step; each part divided by its own counts
+    does not (negative control)."""
+    model, fam = models[name]
+    ids, loss_mask, attn = batch(fam)
+    t, masked = sft_noise(fam, ids, loss_mask, generator=torch.Generator().manual_seed(4))
+    step, parts = sft_units(fam, loss_mask, masked), (slice(0, 1), slice(1, 3))
+    assert torch.equal(sum(sft_units(fam, loss_mask[p], masked[p]) for p in parts), step)
+
+    def run(normaliser):
+        model.zero_grad()
+        total = 0.0
+        for p in parts:
+            loss = sft_loss(model, fam, ids[p], loss_mask[p], attn[p], t=t[p], masked=masked[p],
+                            normaliser=normaliser)
+            loss.backward()
+            total += loss.item()
+        return total, [q.grad.clone() for q in model.parameters() if q.grad is not None]
+
+    model.zero_grad()
+    whole = sft_loss(model, fam, ids, loss_mask, attn, t=t, masked=masked)
+    whole.backward()
+    expect = [q.grad.clone() for q in model.parameters() if q.grad is not None]
+    split, grads = run(step)
+    assert abs(split - whole.item()) < 1e-5 * max(1.0, whole.item()), (split, whole.item())
+    assert max((a - b).abs().max() for a, b in zip(grads, expect, strict=True)) < 1e-5
+    own, _ = run(None)  # each micro-batch's own counts: a different loss
+    assert abs(own - whole.item()) > 1e-3, (own, whole.item())
+    model.zero_grad()
 
 
 def test_t_equal_one_is_plain_masked_lm_ce(models):
@@ -219,6 +282,8 @@ def test_clear_errors(models):
         sft_loss(model, fam, ids, loss_mask, attn, t=torch.ones(3), masked=torch.ones_like(ids, dtype=torch.bool))
     with pytest.raises(ValueError, match="without t"):
         sft_loss(model, fam, ids, loss_mask, attn, masked=loss_mask.bool())
+    with pytest.raises(ValueError, match="causal loss reads the clean half"):
+        sft_loss(model, fam, ids, loss_mask, attn, recipe=NoiseRecipe(causal_loss=True))
     _, dream = models["dream"]
     with pytest.raises(ValueError, match="position 0"):
         sft_loss(models["dream"][0], dream, ids, torch.ones_like(loss_mask), attn)

@@ -221,3 +221,17 @@ def test_sft_runs_on_a_task_and_on_conversations_with_no_key_flags(data, tmp_pat
     args.data.limit = 8
     train_sft.main(args)
     assert latest_complete_checkpoint(str(tmp_path / "out")).endswith("checkpoint-2")
+
+
+def test_a_joint_loss_logs_its_two_terms(arithmetic, tmp_path):
+    """Nemotron-Labs-Diffusion's SFT loss is 0.3 x diffusion + causal: each logged step shows both terms, summed over
+    its micro-batches as the loss is."""
+    args = args_for(arithmetic, tmp_path, model="tiny:nemotron_diffusion", max_steps=3, save_steps=3,
+                    per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    train_sft.main(args)
+    history = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+    logged = [h for h in history if "loss" in h]
+    assert len(logged) == 3
+    for h in logged:
+        assert h["diffusion_loss"] > 0 and h["causal_loss"] > 0
+        assert abs(h["loss"] - (0.3 * h["diffusion_loss"] + h["causal_loss"])) < 1e-3, h

@@ -23,8 +23,9 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one"),
          "nemotron_labs_diffusion": ("nemotron_diffusion", False, "linear", "low_confidence", "one")}
 UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
-# families that decode blocks of config.block_size against a causal context (their attention is not block-causal:
-# they train bidirectionally, and read committed tokens left to right when decoding; dare/sampling/causal.py)
+# families that decode blocks of config.block_size against a causal context (their attention is not block-causal: a
+# block is read bidirectionally, committed tokens left to right; dare/sampling/causal.py). They train on [x_t ‖ x_0]
+# with blocks of that size and a clean half read left to right (Nemotron's block_diff), or plainly bidirectionally.
 CAUSAL_CONTEXT = ("nemotron_diffusion",)
 
 
@@ -108,7 +109,8 @@ class Family:
                cache=None, key_position_ids: torch.Tensor | None = None,
                keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None,
                start: torch.Tensor | None = None, self_conditioning: torch.Tensor | None = None,
-               self_conditioning_mask: torch.Tensor | None = None, clean_cache=None) -> torch.Tensor:
+               self_conditioning_mask: torch.Tensor | None = None, clean_cache=None,
+               clean_keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
         the last k positions ``[B, k, V]``, ``keep=positions`` (1-D) only those, and a boolean ``[B, L]`` ``keep`` the
         True positions ``[M, V]`` in row-major order (SFT's masked positions), without materialising the rest.
@@ -123,6 +125,10 @@ class Family:
           reads it (``masks.unread_noisy_columns``). ``clean_cache`` (from ``clean_cache``, for the same rows and
           clean ids): only the noisy half is fed, against the clean half's cached keys and values (the estimators
           score every draw this way; no-grad scoring of several draws of one batch shares one clean pass).
+          A family that decodes against a causal context (Nemotron-Labs-Diffusion, ``causal_block``) trains on this
+          layout with blocks of ``causal_block`` and a clean half that reads left to right (its ``block_diff``
+          training); ``clean_keep`` (boolean ``[B, L]``, with a boolean ``keep``) also returns the clean half's
+          logits at those positions, its causal next-token predictions: ``(noisy [M, V], clean [M', V])``.
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
@@ -173,24 +179,33 @@ class Family:
             if not self.shift:
                 return out
             return out[:, :-1] if extra else torch.cat([out[:, :1], out[:, :-1]], dim=1)
-        if self.block_size is None:
+        block = self.block_size or self.causal_block
+        if block is None:
             raise ValueError(f"{self.name} is a masked-diffusion family: the [x_t ‖ x_0] layout needs a block size")
         if cache is not None or position_ids is not None:
             raise ValueError("The [x_t ‖ x_0] layout derives its own positions and takes no cache.")
+        if clean_keep is not None and not masked:
+            raise ValueError("clean_keep needs a boolean keep of the noisy positions")
         if clean_cache is not None:
             return self._noisy_against_clean(model, input_ids, attention_mask, keep, clean_cache)
-        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, self.block_size, segment_ids)
+        ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, block, segment_ids,
+                                            clean_causal=self.causal_block is not None)
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
+        skip = 0
         if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
-            skip = masks.unread_noisy_columns(attention_mask, rows, width, self.block_size)
+            skip = masks.unread_noisy_columns(attention_mask, rows, width, block)
             ids, pos, rows = ids[:, skip:], pos[:, skip:], keep[:, skip:] if masked else rows - skip
             ok = None if ok is None else ok[:, skip:, skip:]
-        if masked:  # the kept noisy positions; the clean half: none
-            rows = torch.cat([rows, torch.zeros_like(keep)], 1)
-        return model(input_ids=ids, attention_mask=masks.for_attention(ok, dtype, _attention(model)), position_ids=pos,
-                     logits_to_keep=rows).logits
+        if masked:  # the kept noisy positions; the clean half: none, or clean_keep's
+            rows = torch.cat([rows, torch.zeros_like(keep) if clean_keep is None else clean_keep.bool()], 1)
+        out = model(input_ids=ids, attention_mask=masks.for_attention(ok, dtype, _attention(model)), position_ids=pos,
+                    logits_to_keep=rows).logits
+        if clean_keep is None:
+            return out
+        noisy = rows.nonzero()[:, 1] < width - skip  # out's rows in row-major order of the layout
+        return out[noisy], out[~noisy]
 
     def clean_cache(self, model, clean_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """The keys and values of the clean half of ``[x_t ‖ x_0]`` (block families): the clean half attends to

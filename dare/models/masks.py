@@ -9,7 +9,8 @@ Block ids are ``position // block_size`` (the "global" block origin). One rule c
 * doubled layout ``[x_t ‖ x_0]`` (SDAR / LLaDA2 training, BD3LM):
   - same block and same half, or
   - noisy query, clean key, ``block(q) > block(k)`` (a noisy block sees the clean earlier blocks), or
-  - clean query, clean key, ``block(q) >= block(k)`` (the clean half is block-causal).
+  - clean query, clean key, ``block(q) >= block(k)`` (the clean half is block-causal; ``clean_causal``: the clean
+    half reads left to right, ``pos(q) >= pos(k)``, as Nemotron-Labs-Diffusion's ``block_diff`` training does).
 * packed rows (several SFT examples per row, ``segment_ids``): any of the above AND the same segment. Positions (so
   blocks too) restart at 0 at each example's first token, so every example sees exactly what it would see alone.
   The padding after the last example is a segment of its own (-1) that sees only itself, so no query row is fully
@@ -62,9 +63,11 @@ def visible(
     q_seg: torch.Tensor | None = None,
     k_seg: torch.Tensor | None = None,
     causal: bool = False,
+    clean_causal: bool = False,
 ) -> torch.Tensor | None:
     """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query.
-    ``causal``: also only keys at positions up to the query's (a model that reads left to right)."""
+    ``causal``: also only keys at positions up to the query's (a model that reads left to right).
+    ``clean_causal`` (doubled layout): a clean query sees the clean keys at its position and before."""
     if block_size is None and k_valid is None and q_seg is None and not causal:
         return None
     batch = max(q_pos.shape[0], k_pos.shape[0], 1 if k_valid is None else k_valid.shape[0])
@@ -77,7 +80,8 @@ def visible(
         else:
             qc, kc = q_clean[:, :, None], k_clean[:, None, :]
             same_half = qc == kc
-            ok = ok & (((qb == kb) & same_half) | (~qc & kc & (qb > kb)) | (qc & kc & (qb >= kb)))
+            clean_rule = (q_pos[:, :, None] >= k_pos[:, None, :]) if clean_causal else (qb >= kb)
+            ok = ok & (((qb == kb) & same_half & ~qc) | (~qc & kc & (qb > kb)) | (qc & kc & clean_rule))
     if causal:
         ok = ok & (q_pos[:, :, None] >= k_pos[:, None, :])
     if q_seg is not None:
@@ -132,9 +136,10 @@ def packed_layout(segment_ids: torch.Tensor, block_size: int | None):
 
 
 def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.Tensor | None, block_size: int,
-                   segment_ids: torch.Tensor | None = None):
+                   segment_ids: torch.Tensor | None = None, clean_causal: bool = False):
     """Inputs for the ``[x_t ‖ x_0]`` layout: ids ``[B, 2L]``, positions ``[B, 2L]`` (duplicated) and the boolean
-    visibility ``[B, 2L, 2L]``. ``segment_ids`` (packed rows) replaces ``attention_mask``."""
+    visibility ``[B, 2L, 2L]``. ``segment_ids`` (packed rows) replaces ``attention_mask``; ``clean_causal``: the clean
+    half reads left to right instead of block-causally."""
     if x_t.shape != x_0.shape:
         raise ValueError(f"x_t and x_0 must have the same shape, got {tuple(x_t.shape)} and {tuple(x_0.shape)}")
     batch, length = x_t.shape
@@ -150,7 +155,8 @@ def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.T
     pos2 = torch.cat([pos, pos], dim=1)
     clean = torch.zeros(batch, 2 * length, dtype=torch.bool, device=x_t.device)
     clean[:, length:] = True
-    ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean, q_seg=seg2, k_seg=seg2)
+    ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean, q_seg=seg2, k_seg=seg2,
+                 clean_causal=clean_causal)
     return torch.cat([x_t, x_0], dim=1), pos2, ok
 
 

@@ -24,6 +24,7 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         self.sequence_parallel = sequence_parallel
         super().__init__(*args, **kwargs)
         self.family, self.generation = family, generation
+        self._terms, self._terms_since = {}, 0
         self.loss_is_scaled_for_ga = True  # each micro-batch loss divides by the whole step's count (below)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -31,19 +32,25 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         as drawing them in each micro-step), and the step's normaliser: the rows or masked tokens (``sft_units``)
         of every micro-batch on every process, over the processes (which average gradients)."""
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        self._step = batches, torch.zeros((), device=device)
+        self._step = batches, None
         self._draw_noise()
         return self._step
 
     def _draw_noise(self):
+        """(Re)draw the step's noise; the normaliser (two counts with a causal loss) is made once, then updated in
+        place, since the training loop already holds it when a resume redraws."""
         batches, normaliser = self._step
-        units = torch.zeros_like(normaliser)
+        units = 0
         for batch in batches:
             segments = batch.get("segment_ids")  # packed rows: noise and units per example
             batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"],
                                                     segment_ids=segments)
             units = units + sft_units(self.family, batch["loss_mask"], batch["masked"], segment_ids=segments)
-        normaliser.copy_(self.accelerator.reduce(units, "sum") / self.accelerator.num_processes)
+        units = self.accelerator.reduce(units.to(self.args.device), "sum") / self.accelerator.num_processes
+        if normaliser is None:
+            self._step = batches, units
+        else:
+            normaliser.copy_(units)
 
     def _load_rng_state(self, checkpoint):
         """A resumed run restores the RNG only after fetching its first step's micro-batches: their noise is drawn
@@ -83,11 +90,23 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
             loss = loss * sp.size  # the group's shares add up to the loss; DDP averages over every process
         if self.model.training and self.state.global_step % max(self.args.logging_steps, 1) == 0:
             self._masked_fraction = float(parts["n_masked"].sum() / parts["answer_len"].sum().clamp(min=1))
+        if self.model.training and "causal_loss" in parts:  # the joint loss's two terms, summed until the next log
+            if not self._terms:
+                self._terms_since = self.state.global_step
+            for key in ("diffusion_loss", "causal_loss"):
+                self._terms[key] = self._terms.get(key, 0.0) + parts[key]
         return (loss, None) if return_outputs else loss
 
     def log(self, logs, *args, **kwargs):
+        """Training logs gain the masked fraction and, for a joint loss, its unweighted terms (each the mean per step
+        over the window and the processes, as ``loss`` is)."""
         if "loss" in logs and hasattr(self, "_masked_fraction"):
             logs["masked_fraction"] = round(self._masked_fraction, 4)
+        if "loss" in logs and self._terms:
+            steps = max(self.state.global_step - self._terms_since, 1)
+            for key, value in self._terms.items():
+                logs[key] = round(float(self.accelerator.reduce(value, "mean")) / steps, 4)
+            self._terms = {}
         super().log(logs, *args, **kwargs)
 
 
