@@ -3,6 +3,7 @@ trains adapters only and exports a merged model under the official key names."""
 
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -223,12 +224,14 @@ def test_sft_runs_on_a_task_and_on_conversations_with_no_key_flags(data, tmp_pat
     assert latest_complete_checkpoint(str(tmp_path / "out")).endswith("checkpoint-2")
 
 
-def test_a_joint_loss_logs_its_two_terms(arithmetic, tmp_path):
-    """Nemotron-Labs-Diffusion's SFT loss is 0.3 x diffusion + causal: each logged step shows both terms, summed over
-    its micro-batches as the loss is."""
+def test_a_joint_loss_logs_its_two_terms(arithmetic, tmp_path, capsys):
+    """Nemotron-Labs-Diffusion's SFT loss is 0.3 x diffusion + causal: each logged step shows both terms (on the
+    console too), summed over its micro-batches as the loss is."""
     args = args_for(arithmetic, tmp_path, model="tiny:nemotron_diffusion", max_steps=3, save_steps=3,
                     per_device_train_batch_size=4, gradient_accumulation_steps=2)
     train_sft.main(args)
+    console = capsys.readouterr().out
+    assert len(re.findall(r"^step \d/3  loss \S+  diffusion \S+  causal \S+  gnorm", console, re.M)) == 3
     history = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
     logged = [h for h in history if "loss" in h]
     assert len(logged) == 3

@@ -32,7 +32,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback, Tra
 CONSOLE = ("compact", "full")
 
 # (logged key, console label, format) in the order the compact line shows them
-TRAIN_FIELDS = (("loss", "loss", ".4g"), ("reward", "reward", ".3f"), ("acc", "acc", ".3f"),
+TRAIN_FIELDS = (("loss", "loss", ".4g"), ("diffusion_loss", "diffusion", ".4g"), ("causal_loss", "causal", ".4g"),
+                ("reward", "reward", ".3f"), ("acc", "acc", ".3f"),
                 ("accuracy", "acc", ".3f"), ("margin", "margin", ".4g"), ("kl", "kl", ".3g"),
                 ("grad_norm", "gnorm", ".3g"), ("learning_rate", "lr", ".3g"))
 EVAL_FIELDS = (("eval_loss", "loss", ".4g"), ("eval_reward", "reward", ".3f"), ("eval_acc", "acc", ".3f"),
