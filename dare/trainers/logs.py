@@ -32,8 +32,9 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback, Tra
 CONSOLE = ("compact", "full")
 
 # (logged key, console label, format) in the order the compact line shows them
-TRAIN_FIELDS = (("loss", "loss", ".4g"), ("diffusion_loss", "diffusion", ".4g"), ("causal_loss", "causal", ".4g"),
-                ("reward", "reward", ".3f"), ("acc", "acc", ".3f"),
+SUMMARY_FIELDS = (("loss", "loss", ".4g"), ("reward", "reward", ".3f"), ("acc", "acc", ".3f"))  # a run's last step
+TRAIN_FIELDS = (SUMMARY_FIELDS[0], ("diffusion_loss", "diffusion", ".4g"), ("causal_loss", "causal", ".4g"),
+                *SUMMARY_FIELDS[1:],
                 ("accuracy", "acc", ".3f"), ("margin", "margin", ".4g"), ("kl", "kl", ".3g"),
                 ("grad_norm", "gnorm", ".3g"), ("learning_rate", "lr", ".3g"))
 EVAL_FIELDS = (("eval_loss", "loss", ".4g"), ("eval_reward", "reward", ".3f"), ("eval_acc", "acc", ".3f"),
@@ -286,10 +287,10 @@ def run_summary(output_dir: str, history: list[dict], merged_dir: str | None, cu
     if merged_dir:
         lines.append(f"  merged model (plain Hugging Face folder): {merged_dir}")
     for prefix, name in (("", "last training step"), ("eval_", "last validation")):
-        numbers = next((h for h in reversed(history) if any(f"{prefix}{k}" in h for k, _, _ in TRAIN_FIELDS[:3])),
+        numbers = next((h for h in reversed(history) if any(f"{prefix}{k}" in h for k, _, _ in SUMMARY_FIELDS)),
                        None)
         if numbers:
-            shown = "  ".join(f"{label} {numbers[prefix + key]:{fmt}}" for key, label, fmt in TRAIN_FIELDS[:3]
+            shown = "  ".join(f"{label} {numbers[prefix + key]:{fmt}}" for key, label, fmt in SUMMARY_FIELDS
                               if isinstance(numbers.get(prefix + key), (int, float)))
             lines.append(f"  {name} (step {numbers.get('step', '?')}): {shown}")
     logs = [f"{out / 'trainer_state.json'} (every logged metric)"]
