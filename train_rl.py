@@ -150,6 +150,7 @@ def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # no
 def online(args: Args, config, tokenizer, family) -> partial:
     """The ``rl`` trainer: prompts, rewards, the rollout's decoding and its engine, checked; TrainingArguments."""
     from dare.data.rl import fitting_prompts
+    from dare.likelihood import check_scoring
     from dare.models.loading import max_positions
     from dare.rewards.routing import RewardRouter
     from dare.trainers.flags import batch_shape
@@ -165,6 +166,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     rewards.check_rows(train + (evaluation or []))
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
                               positions, engine_options(args, engine.name))
+    check_scoring(family, sampling)
     algo.check_engine(engine)
     algo.check_dynamic_sampling(sampling)
     validation = args.validation.over(args.rollout)

@@ -114,11 +114,19 @@ def score_tokens(model, family, batch, noisy: torch.Tensor, temperature: float =
 def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torch.Tensor | None = None,
                       clean_cache=None):
     """``Family.logits`` of the completion positions (all, or the completion indices ``positions``) of the noisy
-    ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``)."""
+    ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``). A family that
+    decodes against a causal context (Nemotron-Labs-Diffusion) is read as its sampler decodes: ``[x_t ‖ x_0]`` with
+    blocks of ``causal_block`` from the completion's first position, each noisy block against the clean context read
+    left to right."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
     attention = batch_attention(family, batch)
-    clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
+    if family.causal_block is not None:
+        columns = torch.arange(prompt.shape[1], prompt.shape[1] + completion.shape[1], device=completion.device)
+        keep = columns if positions is None else keep
+        return family.logits(model, noisy, attention, clean_ids=torch.cat([prompt, completion], dim=1), keep=keep,
+                             block_origin=batch["prompt_mask"].sum(-1))
+    clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     if family.is_block_diffusion:
         noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
         if not torch.is_tensor(keep):
@@ -127,6 +135,20 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
             clean_cache = family.clean_cache(model, clean, attention)
     cached = {} if clean_cache is None else {"clean_cache": clean_cache}
     return family.logits(model, noisy, attention, clean_ids=clean, keep=keep, **cached)
+
+
+def check_scoring(family, sampling) -> None:
+    """Refuse a rollout decoding that the estimators cannot read back: a family that decodes against a causal
+    context is scored in blocks of its ``causal_block`` (``completion_logits``), which a speculative decoding (its
+    tokens are the causal pass's) or another block length did not decode."""
+    if family.causal_block is None:
+        return
+    if sampling.speculative:
+        raise ValueError(f"rollout: {family.name}'s RL scores its block decoding; speculative rollouts decode "
+                         "autoregressively: leave rollout.speculative off")
+    if sampling.block_length not in (None, family.causal_block):
+        raise ValueError(f"rollout: {family.name}'s RL scores blocks of {family.causal_block} (its config's "
+                         f"block_size), got rollout.block_length {sampling.block_length}")
 
 
 def shared_clean(model, family, batch, draws: int):

@@ -357,3 +357,51 @@ def test_the_joint_sft_loss_is_the_causal_lm_loss_plus_denoising_against_clean_e
     torch.testing.assert_close(block3(4 * block + 1), same)  # a later block's is not
     with pytest.raises(ValueError, match="sequence parallelism"):
         sft_loss(model, fam, ids, loss_mask, t=t, masked=masked, sp=object())
+
+
+def test_rl_scoring_reads_each_block_as_the_sampler_decodes_it():
+    """The RL estimators' logits of a completion (``dare.likelihood.completion_logits``) are the sampler's: block k
+    (blocks of ``causal_block`` from the completion's first token, whatever the prompt's length) read
+    bidirectionally against a causal pass over the prompt and the completion's earlier blocks, as
+    ``dare/sampling/causal.py`` denoises it; and not the plain bidirectional reading of the whole row (control)."""
+    from dare.likelihood import completion_logits
+
+    model, _ = pair(3)
+    fam = Family.from_pretrained(model.config)
+    block, width = fam.causal_block, 6
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 299, (2, width), generator=g)
+    prompt_mask = torch.ones_like(prompt)
+    prompt_mask[1, :3] = 0  # row 1: 3 prompt tokens, left-padded (its blocks start at position 3, row 0's at 6)
+    completion = torch.randint(3, 299, (2, 3 * block), generator=g)
+    hidden = torch.rand(completion.shape, generator=g) < 0.5
+    hidden[:, block:2 * block] = True
+    noisy = torch.cat([prompt, completion.masked_fill(hidden, fam.mask_id)], 1)
+    batch = {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": completion,
+             "completion_mask": torch.ones_like(completion), "loss_mask": torch.ones_like(completion)}
+    with torch.no_grad():
+        got = completion_logits(model, fam, batch, noisy)
+        attn = torch.cat([prompt_mask, torch.ones_like(completion)], 1)
+        for k in range(3):
+            start, end = width + k * block, width + (k + 1) * block
+            cache = DynamicCache()
+            model(torch.cat([prompt, completion], 1)[:, :start], attention_mask=attn[:, :start], cache=cache,
+                  causal=True)
+            expect = model(noisy[:, start:end], attention_mask=attn[:, :end], cache=cache).logits
+            torch.testing.assert_close(got[:, k * block:(k + 1) * block], expect, atol=1e-5, rtol=1e-5)
+        plain = model(noisy, attention_mask=attn).logits[:, width:]
+    assert (got - plain).abs().max() > 1e-2
+
+
+def test_rl_refuses_rollouts_its_scoring_cannot_read_back():
+    from dare.likelihood import check_scoring
+
+    fam = Family.from_pretrained(tiny_config(300, mask_token_id=299))
+    check_scoring(fam, SamplingConfig())
+    check_scoring(fam, SamplingConfig(block_length=fam.causal_block))
+    with pytest.raises(ValueError, match="speculative"):
+        check_scoring(fam, SamplingConfig(speculative=True))
+    with pytest.raises(ValueError, match="blocks of 4"):
+        check_scoring(fam, SamplingConfig(block_length=8))
+    _, llada = tiny("llada")
+    check_scoring(Family.from_pretrained(tiny("llada")[0].config, llada), SamplingConfig(block_length=8))

@@ -110,7 +110,7 @@ class Family:
                keep: int | torch.Tensor | None = None, segment_ids: torch.Tensor | None = None,
                start: torch.Tensor | None = None, self_conditioning: torch.Tensor | None = None,
                self_conditioning_mask: torch.Tensor | None = None, clean_cache=None,
-               clean_keep: torch.Tensor | None = None) -> torch.Tensor:
+               clean_keep: torch.Tensor | None = None, block_origin: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, L, V]`` where row i scores the token at position i of ``input_ids``; ``keep=k`` returns only
         the last k positions ``[B, k, V]``, ``keep=positions`` (1-D) only those, and a boolean ``[B, L]`` ``keep`` the
         True positions ``[M, V]`` in row-major order (SFT's masked positions), without materialising the rest.
@@ -129,6 +129,8 @@ class Family:
           layout with blocks of ``causal_block`` and a clean half that reads left to right (its ``block_diff``
           training); ``clean_keep`` (boolean ``[B, L]``, with a boolean ``keep``) also returns the clean half's
           logits at those positions, its causal next-token predictions: ``(noisy [M, V], clean [M', V])``.
+          ``block_origin`` ``[B]``: the position where each row's blocks start (default: the global grid; Nemotron's
+          RL scoring starts them at the completion, as its sampler decodes them).
         * packed rows (``segment_ids`` ``[B, L]``: which example each position belongs to, -1 = padding; either
           layout): attention stays inside each example, positions and blocks restart at its first token, and
           Dream's shift reads position i-1 of the same example (an example's first position reads itself, as
@@ -189,13 +191,13 @@ class Family:
         if clean_cache is not None:
             return self._noisy_against_clean(model, input_ids, attention_mask, keep, clean_cache)
         ids, pos, ok = masks.doubled_layout(input_ids, clean_ids, attention_mask, block, segment_ids,
-                                            clean_causal=self.causal_block is not None)
+                                            clean_causal=self.causal_block is not None, block_origin=block_origin)
         dtype = next(model.parameters()).dtype
         width = input_ids.shape[1]
         rows = keep if torch.is_tensor(keep) else torch.arange(width - (keep or width), width, device=ids.device)
         skip = 0
         if keep is not None and segment_ids is None:  # the noisy copy of whole prompt blocks is never read: skip it
-            skip = masks.unread_noisy_columns(attention_mask, rows, width, block)
+            skip = masks.unread_noisy_columns(attention_mask, rows, width, block, block_origin)
             ids, pos, rows = ids[:, skip:], pos[:, skip:], keep[:, skip:] if masked else rows - skip
             ok = None if ok is None else ok[:, skip:, skip:]
         if masked:  # the kept noisy positions; the clean half: none, or clean_keep's

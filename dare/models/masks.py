@@ -64,17 +64,20 @@ def visible(
     k_seg: torch.Tensor | None = None,
     causal: bool = False,
     clean_causal: bool = False,
+    block_origin: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Boolean ``[B, Q, K]``: may query q attend to key k?  None when every key is visible to every query.
     ``causal``: also only keys at positions up to the query's (a model that reads left to right).
-    ``clean_causal`` (doubled layout): a clean query sees the clean keys at its position and before."""
+    ``clean_causal`` (doubled layout): a clean query sees the clean keys at its position and before.
+    ``block_origin`` ``[B]``: the position where each row's block 0 starts (default 0: the global grid)."""
     if block_size is None and k_valid is None and q_seg is None and not causal:
         return None
     batch = max(q_pos.shape[0], k_pos.shape[0], 1 if k_valid is None else k_valid.shape[0])
     ok = torch.ones(batch, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
     if block_size is not None:
-        qb = (q_pos // block_size)[:, :, None]
-        kb = (k_pos // block_size)[:, None, :]
+        origin = 0 if block_origin is None else block_origin[:, None]
+        qb = ((q_pos - origin) // block_size)[:, :, None]
+        kb = ((k_pos - origin) // block_size)[:, None, :]
         if q_clean is None:
             ok = ok & (qb >= kb)
         else:
@@ -136,10 +139,11 @@ def packed_layout(segment_ids: torch.Tensor, block_size: int | None):
 
 
 def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.Tensor | None, block_size: int,
-                   segment_ids: torch.Tensor | None = None, clean_causal: bool = False):
+                   segment_ids: torch.Tensor | None = None, clean_causal: bool = False,
+                   block_origin: torch.Tensor | None = None):
     """Inputs for the ``[x_t ‖ x_0]`` layout: ids ``[B, 2L]``, positions ``[B, 2L]`` (duplicated) and the boolean
     visibility ``[B, 2L, 2L]``. ``segment_ids`` (packed rows) replaces ``attention_mask``; ``clean_causal``: the clean
-    half reads left to right instead of block-causally."""
+    half reads left to right instead of block-causally; ``block_origin``: where each row's blocks start."""
     if x_t.shape != x_0.shape:
         raise ValueError(f"x_t and x_0 must have the same shape, got {tuple(x_t.shape)} and {tuple(x_0.shape)}")
     batch, length = x_t.shape
@@ -156,11 +160,12 @@ def doubled_layout(x_t: torch.Tensor, x_0: torch.Tensor, attention_mask: torch.T
     clean = torch.zeros(batch, 2 * length, dtype=torch.bool, device=x_t.device)
     clean[:, length:] = True
     ok = visible(pos2, pos2, block_size, k_valid=valid, q_clean=clean, k_clean=clean, q_seg=seg2, k_seg=seg2,
-                 clean_causal=clean_causal)
+                 clean_causal=clean_causal, block_origin=block_origin)
     return torch.cat([x_t, x_0], dim=1), pos2, ok
 
 
-def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor, width: int, block_size: int) -> int:
+def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor, width: int, block_size: int,
+                         block_origin: torch.Tensor | None = None) -> int:
     """How many leading columns of the ``[x_t ‖ x_0]`` layout's noisy half no kept row ``rows`` (1-D columns of the
     noisy half) can read: a noisy query reads noisy keys of its own block only and clean keys of earlier blocks, and
     clean queries read clean keys only, so a row's noisy columns in blocks before its first kept block (the prompt's
@@ -173,7 +178,7 @@ def unread_noisy_columns(attention_mask: torch.Tensor | None, rows: torch.Tensor
     device = rows.device
     valid = (torch.ones(1, width, dtype=torch.bool, device=device) if attention_mask is None
              else attention_mask.bool())
-    block = positions_from_padding(valid) // block_size
+    block = (positions_from_padding(valid) - (0 if block_origin is None else block_origin[:, None])) // block_size
     first_kept = torch.where(valid[:, rows], block[:, rows], torch.iinfo(block.dtype).max).min(-1).values
     needed = valid & (block >= first_kept[:, None])
     first = torch.where(needed, torch.arange(width, device=device), width).min(-1).values
