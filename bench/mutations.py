@@ -1,6 +1,6 @@
-"""Mutation check of the newer algorithms' distinguishing terms (issue 51) and Nemotron's joint SFT loss (issue 58):
-each term below is changed in a copy of the repository, and the tests named beside it must fail there; a mutation
-they survive is a term no test pins.
+"""Mutation check of the newer algorithms' distinguishing terms (issue 51) and Nemotron's SFT loss and RL reading
+(issue 58): each term below is changed in a copy of the repository, and the tests named beside it must fail there; a
+mutation they survive is a term no test pins.
 
     python bench/mutations.py                      # every mutation, one pytest each (~8 min on 2 cores)
     python bench/mutations.py --only agrpo dmpo    # the mutations whose name holds one of these words
@@ -36,6 +36,7 @@ def tests(*ids: str) -> tuple[str, ...]:
     return tuple(f"tests/{i}" for i in ids)
 
 
+NEMOTRON_RL = tests("test_nemotron_diffusion.py -k sampler_decodes")
 NEMOTRON_SFT = tests("test_objectives.py", "test_nemotron_diffusion.py -k 'spec_formula and nemotron or joint_sft'")
 
 MUTATIONS = [
@@ -139,10 +140,16 @@ MUTATIONS = [
     Mutation("nemotron sft: no causal term", "dare/diffusion.py",
              "diffusion_weight=0.3, causal_loss=True", "diffusion_weight=0.3, causal_loss=False", NEMOTRON_SFT),
     Mutation("nemotron sft: the clean half reads block-causally", "dare/models/family.py",
-             "clean_causal=self.causal_block is not None)", "clean_causal=False)", NEMOTRON_SFT),
+             "clean_causal=self.causal_block is not None, block_origin", "clean_causal=False, block_origin",
+             NEMOTRON_SFT),
     Mutation("nemotron sft: the causal term divided by the masked count", "dare/objectives.py",
              'parts["causal_loss"] = causal_token.sum() / normaliser[1].clamp(min=1)',
              'parts["causal_loss"] = causal_token.sum() / normaliser[0].clamp(min=1)', NEMOTRON_SFT),
+    Mutation("nemotron rl: blocks on the global grid, not from the completion", "dare/likelihood.py",
+             'clean_keep=seeds, block_origin=batch["prompt_mask"].sum(-1))', "clean_keep=seeds)", NEMOTRON_RL),
+    Mutation("nemotron rl: a block's first token read by the block, not the causal pass", "dare/likelihood.py",
+             "logits[:, index % family.causal_block == 0] = causal.view(len(noisy), len(first), -1)", "pass",
+             NEMOTRON_RL),
 ]
 
 

@@ -115,17 +115,14 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
                       clean_cache=None):
     """``Family.logits`` of the completion positions (all, or the completion indices ``positions``) of the noisy
     ``prompt ‖ completion``, in the family's training layout (block families: ``[x_t ‖ x_0]``). A family that
-    decodes against a causal context (Nemotron-Labs-Diffusion) is read as its sampler decodes: ``[x_t ‖ x_0]`` with
-    blocks of ``causal_block`` from the completion's first position, each noisy block against the clean context read
-    left to right."""
+    decodes against a causal context (Nemotron-Labs-Diffusion) is read as its sampler decodes: blocks of
+    ``causal_block`` from the completion's first position, each noisy block against the clean context read left to
+    right, its first token from that causal reading (``_causal_context_logits``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
     attention = batch_attention(family, batch)
     keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
     if family.causal_block is not None:
-        columns = torch.arange(prompt.shape[1], prompt.shape[1] + completion.shape[1], device=completion.device)
-        keep = columns if positions is None else keep
-        return family.logits(model, noisy, attention, clean_ids=torch.cat([prompt, completion], dim=1), keep=keep,
-                             block_origin=batch["prompt_mask"].sum(-1))
+        return _causal_context_logits(model, family, batch, noisy, attention, positions)
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     if family.is_block_diffusion:
         noisy, clean, attention = whole_blocks(family, noisy, clean, attention)
@@ -135,6 +132,25 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
             clean_cache = family.clean_cache(model, clean, attention)
     cached = {} if clean_cache is None else {"clean_cache": clean_cache}
     return family.logits(model, noisy, attention, clean_ids=clean, keep=keep, **cached)
+
+
+def _causal_context_logits(model, family, batch, noisy, attention, positions):
+    """``completion_logits`` of a family that decodes against a causal context: each block's first token from the
+    causal reading of everything before it (the sampler takes it from that pass), the others from the noisy block
+    read against the clean context (one ``[x_t ‖ x_0]`` call, blocks from the completion's first position)."""
+    prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+    width, length = prompt.shape[1], completion.shape[1]
+    index, order = (torch.arange(length, device=completion.device), None) if positions is None else positions.sort()
+    keep = torch.zeros(noisy.shape, dtype=torch.bool, device=noisy.device)
+    keep[:, width + index] = True
+    first = index[index % family.causal_block == 0]  # kept block-first positions, read at the column before
+    seeds = torch.zeros_like(keep)
+    seeds[:, width + first - 1] = True
+    diffusion, causal = family.logits(model, noisy, attention, clean_ids=torch.cat([prompt, completion], dim=1),
+                                      keep=keep, clean_keep=seeds, block_origin=batch["prompt_mask"].sum(-1))
+    logits = diffusion.view(len(noisy), len(index), -1).clone()
+    logits[:, index % family.causal_block == 0] = causal.view(len(noisy), len(first), -1)
+    return logits if order is None else logits[:, order.argsort()]  # back in the order of ``positions``
 
 
 def check_scoring(family, sampling) -> None:

@@ -363,7 +363,8 @@ def test_rl_scoring_reads_each_block_as_the_sampler_decodes_it():
     """The RL estimators' logits of a completion (``dare.likelihood.completion_logits``) are the sampler's: block k
     (blocks of ``causal_block`` from the completion's first token, whatever the prompt's length) read
     bidirectionally against a causal pass over the prompt and the completion's earlier blocks, as
-    ``dare/sampling/causal.py`` denoises it; and not the plain bidirectional reading of the whole row (control)."""
+    ``dare/sampling/causal.py`` denoises it, its first token from that causal pass (which proposes it there); a
+    subset of positions in any order reads the same; and not the plain bidirectional reading (control)."""
     from dare.likelihood import completion_logits
 
     model, _ = pair(3)
@@ -385,10 +386,13 @@ def test_rl_scoring_reads_each_block_as_the_sampler_decodes_it():
         for k in range(3):
             start, end = width + k * block, width + (k + 1) * block
             cache = DynamicCache()
-            model(torch.cat([prompt, completion], 1)[:, :start], attention_mask=attn[:, :start], cache=cache,
-                  causal=True)
+            seed = model(torch.cat([prompt, completion], 1)[:, :start], attention_mask=attn[:, :start], cache=cache,
+                         causal=True).logits[:, -1]
             expect = model(noisy[:, start:end], attention_mask=attn[:, :end], cache=cache).logits
+            expect[:, 0] = seed
             torch.testing.assert_close(got[:, k * block:(k + 1) * block], expect, atol=1e-5, rtol=1e-5)
+        picked = torch.tensor([9, 4, 1, 5])
+        torch.testing.assert_close(completion_logits(model, fam, batch, noisy, picked), got[:, picked])
         plain = model(noisy, attention_mask=attn).logits[:, width:]
     assert (got - plain).abs().max() > 1e-2
 
