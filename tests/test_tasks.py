@@ -20,8 +20,9 @@ def evaluate(expression: str) -> float:
 def test_deterministic_and_splits_disjoint_by_question(name):
     assert make_task(name, 20, seed=3) == make_task(name, 20, seed=3)
     n = 50 if name == "addition" else 4000  # single-digit sums: 100 questions in all
-    questions = {split: {r["prompt"][-1]["content"] for seed in (0, 1) for r in make_task(name, n, seed, split)}
-                 for split in ("train", "test")}
+    # a question is its text, and for a visual task its picture too (described by its scene)
+    questions = {split: {r["prompt"][-1]["content"] + r["extra_info"].get("scene", "") for seed in (0, 1)
+                         for r in make_task(name, n, seed, split)} for split in ("train", "test")}
     assert len(questions["train"] & questions["test"]) == 0  # no held-out question is ever trained on
     assert all(split_of(q) == split for split, qs in questions.items() for q in qs)
     assert {r["extra_info"]["split"] for r in make_task(name, 5, 0, "test")} == {"test"}

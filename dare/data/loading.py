@@ -6,6 +6,7 @@ from typing import Annotated
 import tyro
 
 from .. import hub
+from .images import holds_images
 from .public import PUBLIC
 from .tasks import make_task
 
@@ -18,11 +19,13 @@ LocalDir = Annotated[str | None, tyro.conf.arg(aliases=("--data-dir",))]
 TASK_ROWS = {"train": 10_000, "test": 500}  # rows drawn from a generated task per split
 
 
-def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> "datasets.Dataset":  # noqa: F821
+def load_rows(path: str, split: str = "train", local_dir: str | None = None,
+              images: bool = False) -> "datasets.Dataset":  # noqa: F821
     """A local file (parquet/jsonl/json), a folder of such files, a hub dataset name (``name`` or ``name:config``),
     or ``task:<name>``: rows of a generated task (``dare.data.tasks``; 10,000 for ``train``, 500 held-out questions
     for ``test``, seed 0). A public dataset the recipes use (``dare.data.public``) arrives in the reference schema,
-    read from its local copy in ``local_dir`` when that is given."""
+    read from its local copy in ``local_dir`` when that is given. Rows that hold images (``dare.data.images``) are
+    refused unless the caller reads them (``images``): a text model would train on their placeholders."""
     import datasets  # here, not at the top: --help imports this module
 
     local = Path(path)
@@ -58,6 +61,9 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None) -> 
             raise hub.missing("dataset", path, e) from e
     if len(rows) == 0:
         raise ValueError(f"Dataset {path} is empty")
+    if not images and holds_images(rows):
+        raise ValueError(f"Dataset {path} holds images (its 'images' column): this model reads text only, and DARE "
+                         "has no family yet that reads pictures")
     return rows
 
 

@@ -2,7 +2,8 @@
 chat ``prompt``, ``reward_model.ground_truth``, ``extra_info``), plus a reference ``extra_info.solution`` text an
 SFT stage can learn from. Seeded and deterministic. The splits are disjoint *by question*: a question belongs to
 the test split when a hash of its text falls in the test tenth (``split_of``), so no test question is ever trained on,
-however many rows are drawn.
+however many rows are drawn. A visual task's rows hold their pictures (``images``, ``dare.data.images``) and split by
+the question and the picture's scene.
 
     rows = make_task("countdown", n=1000, seed=0, split="train")
     write_task("sudoku", "data/sudoku_test.parquet", n=200, seed=1, split="test")
@@ -103,8 +104,43 @@ def cycle(rng: random.Random, index: int, split: str) -> dict:
                 "\\boxed{}.", words[-1], f"{' '.join(words)}. The answer is \\boxed{{{words[-1]}}}.")
 
 
-TASKS = {"addition": addition, "arithmetic": arithmetic, "cycle": cycle, "countdown": countdown, "sudoku": sudoku,
-         "sum4": sum4}
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (50, 80, 220)}
+KINDS = ("square", "circle", "triangle")
+CELL, GRID = 16, 3  # the picture: a 3 x 3 grid of 16-pixel cells (48 x 48 pixels), at most one shape a cell
+
+
+def shapes(rng: random.Random, index: int, split: str) -> dict:
+    """The generated visual task of the multimodal families: a 48 x 48 picture of 1-5 shapes (square, circle or
+    triangle; red, green or blue; one per cell of a 3 x 3 grid) and the question how many shapes of one colour it
+    holds (0-5), answered in \\boxed{}. The picture is the row's ``images[0]`` (PNG bytes); ``extra_info.scene``
+    describes it, and the split goes by the scene, so no test picture is ever trained on."""
+    from PIL import Image, ImageDraw
+
+    from .images import IMAGE, png
+
+    cells = sorted(rng.sample(range(GRID * GRID), rng.randint(1, 5)))
+    scene = [(cell, rng.choice(list(COLOURS)), rng.choice(KINDS)) for cell in cells]
+    asked = rng.choice(list(COLOURS))
+    picture = Image.new("RGB", (GRID * CELL, GRID * CELL), "white")
+    draw = ImageDraw.Draw(picture)
+    for cell, colour, kind in scene:
+        x, y = cell % GRID * CELL + 2, cell // GRID * CELL + 2
+        box, fill = (x, y, x + CELL - 5, y + CELL - 5), COLOURS[colour]
+        if kind == "square":
+            draw.rectangle(box, fill=fill)
+        elif kind == "circle":
+            draw.ellipse(box, fill=fill)
+        else:
+            draw.polygon([(x + (CELL - 5) // 2, y), (x, y + CELL - 5), (x + CELL - 5, y + CELL - 5)], fill=fill)
+    count = sum(colour == asked for _, colour, _ in scene)
+    row = _row("shapes", index, split, f"{IMAGE}\nHow many {asked} shapes are in the picture? Put the final answer "
+               "in \\boxed{}.", str(count), f"The answer is \\boxed{{{count}}}.",
+               scene="; ".join(f"{colour} {kind} in cell {cell}" for cell, colour, kind in scene))
+    return {**row, "images": [png(picture)]}
+
+
+TASKS = {"addition": addition, "arithmetic": arithmetic, "cycle": cycle, "countdown": countdown, "shapes": shapes,
+         "sudoku": sudoku, "sum4": sum4}
 TEST_SHARE = 10  # one question in TEST_SHARE is a test question
 
 
@@ -124,7 +160,8 @@ def make_task(name: str, n: int, seed: int = 0, split: str = "train") -> list[di
         if len(rows) == n:
             return rows
         row = TASKS[name](rng, len(rows), split)
-        if split_of(row["prompt"][-1]["content"]) == split:
+        question = row["prompt"][-1]["content"]
+        if split_of(question + row["extra_info"].get("scene", "")) == split:  # a picture's question: by its scene
             rows.append(row)
     raise ValueError(f"task {name!r}: could not draw {n} {split} rows (too few distinct {split} questions?)")
 
@@ -135,7 +172,10 @@ def write_task(name: str, path: str, n: int, seed: int = 0, split: str = "train"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")  # renamed when whole: a reader never sees half a file
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl":  # images as data URIs (dare.data.images reads them back)
+        from .images import data_uri
+
+        rows = [{**r, "images": [data_uri(i) for i in r["images"]]} if "images" in r else r for r in rows]
         partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
     else:
         import pandas as pd

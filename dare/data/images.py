@@ -1,0 +1,87 @@
+"""Images of multimodal rows: what a row may hold and how it is read, with one-line errors naming the row.
+
+A row's ``images`` is a list, one entry per ``<image>`` placeholder in its prompt, in order. An entry is PNG / JPEG
+bytes, ``{"bytes": ..., "path": ...}`` (what ``datasets.Image`` stores), a file path (relative to the data file's
+folder unless absolute) or a ``data:image/...;base64,...`` URI (jsonl rows written by ``dare.data.tasks.write_task``).
+
+    images = row_images(row, base=Path("data"), where="data/train.parquet row 12")
+"""
+
+import base64
+import io
+import re
+from pathlib import Path
+
+IMAGE = "<image>"  # where an image stands in a prompt (LLaVA's and LLaDA-V's placeholder)
+_URI = re.compile(r"data:image/[\w.+-]+;base64,(.*)", re.S)
+
+
+def load_image(value, base: Path | None = None, where: str = "image"):
+    """One image entry as an RGB ``PIL.Image``; a missing or unreadable one raises naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            value = value["bytes"]
+        elif value.get("path"):
+            value = value["path"]
+        else:
+            raise ValueError(f"{where}: an image entry needs 'bytes' or 'path', got keys {sorted(value)}")
+    if isinstance(value, str) and (uri := _URI.fullmatch(value.strip())):
+        value = base64.b64decode(uri.group(1))
+    if isinstance(value, str):
+        path = Path(value) if base is None or Path(value).is_absolute() else base / value
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: image file {str(path)!r} not found")
+        value = path.read_bytes()
+    if not isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"{where}: an image is bytes, a path, a data URI or {{'bytes', 'path'}}, got "
+                         f"{type(value).__name__}")
+    try:
+        image = Image.open(io.BytesIO(value))
+        image.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"{where}: the image cannot be read ({e})") from None
+    return image.convert("RGB")
+
+
+def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "row") -> list:
+    """The images of ``row`` as RGB ``PIL.Image``s, checked against the ``<image>`` placeholders of its ``prompt``
+    text (one image each, in order)."""
+    entries = row.get("images") or []
+    if not isinstance(entries, (list, tuple)):
+        entries = [entries]
+    wanted = prompt.count(IMAGE)
+    if wanted != len(entries):
+        raise ValueError(f"{where}: the prompt has {wanted} {IMAGE} placeholder(s) but the row holds {len(entries)} "
+                         "image(s)")
+    return [load_image(e, base, f"{where} image {i}") for i, e in enumerate(entries)]
+
+
+def holds_images(rows) -> bool:
+    """Whether a ``datasets.Dataset`` has an ``images`` column with an image in it (read from the Arrow column,
+    without decoding any)."""
+    if "images" not in rows.column_names:
+        return False
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = rows.data.column("images")
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = pc.list_value_length(column)
+        return bool(pc.max(lengths).as_py() or 0)
+    return column.null_count < len(column)
+
+
+def png(image) -> bytes:
+    """A ``PIL.Image`` as PNG bytes."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    """PNG bytes as a ``data:image/png;base64,`` URI (a jsonl row's image)."""
+    return "data:image/png;base64," + base64.b64encode(data).decode()
