@@ -7,6 +7,7 @@ from .dream import DreamConfig, DreamModel
 from .family import Family
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
+from .llada_v import LLaDAVConfig, LLaDAVModelLM
 from .loading import load_pretrained, load_tokenizer
 from .nemotron_diffusion import NemotronDiffusionConfig, NemotronLabsDiffusionModel
 from .sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
@@ -14,7 +15,7 @@ from .tiny import TINY, save_tiny, tiny
 
 for _config, _model in [(LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), (SDARConfig, SDARForCausalLM),
                         (SDARMoeConfig, SDARMoeForCausalLM), (LLaDA2MoeConfig, LLaDA2MoeModelLM),
-                        (NemotronDiffusionConfig, NemotronLabsDiffusionModel)]:
+                        (NemotronDiffusionConfig, NemotronLabsDiffusionModel), (LLaDAVConfig, LLaDAVModelLM)]:
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
@@ -23,5 +24,6 @@ FAMILIES = tuple(TINY)
 
 __all__ = ["FAMILIES", "Family", "TINY", "load_pretrained", "load_tokenizer", "save_tiny", "tiny",
            "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
+           "LLaDAVConfig", "LLaDAVModelLM",
            "NemotronDiffusionConfig", "NemotronLabsDiffusionModel", "SDARConfig", "SDARForCausalLM", "SDARMoeConfig",
            "SDARMoeForCausalLM"]

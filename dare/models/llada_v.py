@@ -1,0 +1,122 @@
+"""LLaDA-V (ML-GSAI, 2025): LLaDA's masked-diffusion trunk under Llama's names, fed pictures by a SigLIP vision tower
+through a two-layer GELU projector, as LLaVA-OneVision is built (``model_type`` llava_llada).
+
+Read, not copied: ``ML-GSAI/LLaDA-V`` ``train/llava/model/language_model/{llava_llada,modeling_llada}.py`` (the trunk:
+Llama's modules with ``is_causal = False``, RoPE theta 500,000, untied ``lm_head``), ``llava_arch.py``
+(``model.vision_tower``, ``model.mm_projector``, ``model.image_newline`` when ``mm_patch_merge_type`` unpads),
+``multimodal_encoder/siglip_encoder.py`` (transformers' SigLIP vision model with its last layer deleted and no pooling
+head: the picture's features are the last remaining layer's output, before the post-layernorm, 729 patches of a
+384 x 384 crop), ``multimodal_projector/builder.py`` (``mlp2x_gelu``: Linear, GELU, Linear) and
+``train/llada_v_prepare/files`` (the trunk's config and key list: LLaDA-8B-Instruct renamed to Llama's keys). The
+official config names its tower (``mm_vision_tower``) instead of describing it; ``vision_config`` (DARE's field) does,
+and defaults to that tower's published shape.
+"""
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import LlamaConfig, SiglipVisionConfig, SiglipVisionModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .common import DiffusionBackbone, DiffusionConfigMixin, DiffusionLM, clean_checkpoint_kwargs
+
+# the towers LLaDA-V was trained with: their published shape, less the deleted last layer
+TOWERS = {name: dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
+                     image_size=384, patch_size=14)
+          for name in ("google/siglip2-so400m-patch14-384", "google/siglip-so400m-patch14-384")}
+
+
+@strict
+class LLaDAVConfig(DiffusionConfigMixin, LlamaConfig):
+    """The official fields (``LlavaLLaDAConfig``: LLaDA's trunk as a Llama config, plus LLaVA's ``mm_*`` fields)."""
+
+    model_type = "llava_llada"
+    mask_token_id: int | None = 126336
+    mm_vision_tower: str = "google/siglip2-so400m-patch14-384"
+    mm_hidden_size: int = 1152
+    mm_projector_type: str = "mlp2x_gelu"
+    mm_vision_select_layer: int = -2
+    mm_patch_merge_type: str = "spatial_unpad"
+    image_aspect_ratio: str = "anyres_max_4"
+    vision_config: dict | None = None  # DARE's: the tower's SiglipVisionConfig fields (default: TOWERS)
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**clean_checkpoint_kwargs(kwargs))
+        if self.vision_config is None:
+            if self.mm_vision_tower not in TOWERS:
+                raise ValueError(f"llava_llada: unknown vision tower {self.mm_vision_tower!r} and no vision_config "
+                                 f"describing it; known: {sorted(TOWERS)}")
+            self.vision_config = dict(TOWERS[self.mm_vision_tower])
+        if self.mm_projector_type != "mlp2x_gelu":
+            raise ValueError(f"llava_llada: projector {self.mm_projector_type!r} is not LLaDA-V's (mlp2x_gelu)")
+
+    def tower_config(self) -> SiglipVisionConfig:
+        return SiglipVisionConfig(**{**self.vision_config, "vision_use_head": False})
+
+
+class VisionTower(nn.Module):
+    """``vision_tower.vision_tower.vision_model``: transformers' SigLIP vision model (no pooling head) where the
+    official wrapper (``SigLipVisionTower``) holds SigLIP's (``.vision_tower``, whose transformer is ``.vision_model``);
+    ``features`` reads its last layer before the post-layernorm."""
+
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.vision_tower = nn.ModuleDict({"vision_model": SiglipVisionModel(config)})
+
+    def features(self, pixel_values):
+        model = self.vision_tower["vision_model"]
+        h = model.embeddings(pixel_values.to(model.embeddings.patch_embedding.weight.dtype))
+        return model.encoder(inputs_embeds=h).last_hidden_state
+
+
+class LLaDAVBackbone(DiffusionBackbone):
+    """``model``: embeddings, Llama layers (bidirectional), final norm; and the vision side under LLaVA's names."""
+
+    config_class = LLaDAVConfig
+    _no_split_modules = ["LlamaDecoderLayer", "SiglipEncoderLayer"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        for layer in self.layers:
+            layer.self_attn.is_causal = False  # DARE's masks decide (bidirectional, padding)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        tower = config.tower_config()
+        if tower.hidden_size != config.mm_hidden_size:
+            raise ValueError(f"llava_llada: mm_hidden_size {config.mm_hidden_size} != the tower's hidden size "
+                             f"{tower.hidden_size}")
+        self.vision_tower = VisionTower(tower)
+        self.mm_projector = nn.Sequential(nn.Linear(config.mm_hidden_size, config.hidden_size), nn.GELU(),
+                                          nn.Linear(config.hidden_size, config.hidden_size))
+        if "unpad" in config.mm_patch_merge_type:
+            # the row-end embedding of unpadded grids (LLaVA's initialisation: normal, std 1 / sqrt(hidden))
+            self.image_newline = nn.Parameter(torch.randn(config.hidden_size) * config.hidden_size ** -0.5)
+        self.post_init()
+
+    def image_features(self, pixel_values):
+        """``[N, 3, H, W]`` crops -> ``[N, patches, hidden]``: the tower's patch features through the projector."""
+        return self.mm_projector(self.vision_tower.features(pixel_values))
+
+
+class LLaDAVModelLM(DiffusionLM):
+    """``model -> lm_head``, the official names (``LlavaLLaDAModelLM``; ``model_type`` llava_llada)."""
+
+    config_class = LLaDAVConfig
+    _no_split_modules = ["LlamaDecoderLayer", "SiglipEncoderLayer"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = LLaDAVBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+
+def tiny_config(vocab_size: int, **overrides) -> LLaDAVConfig:
+    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                 patch_size=7)
+    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=4, max_position_embeddings=1024, rope_theta=500000.0, mm_hidden_size=32,
+              vision_config=tower, tie_word_embeddings=False)
+    return LLaDAVConfig(**{**kw, **overrides})

@@ -1,0 +1,118 @@
+"""LLaDA-V (``dare.models.llada_v``), the first multimodal family's model: the official key names and shapes (the
+trunk's published key list; LLaVA-OneVision's vision side), the trunk equal to DARE's LLaDA on the same weights under
+Llama's names, and the picture features as the official tower and projector compute them."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, SiglipVisionModel
+
+from dare.models import LLaDAVConfig, LLaDAVModelLM, tiny
+from dare.models.llada_v import TOWERS, tiny_config
+
+# the trunk's config.json in ML-GSAI/LLaDA-V train/llada_v_prepare/files (LLaDA-8B-Instruct under Llama's names), and
+# the official LLaVA fields of its training scripts (train/scripts/llada_v_finetune.sh)
+TRUNK = {"hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_hidden_layers": 32,
+         "num_key_value_heads": 32, "vocab_size": 126464, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+         "max_position_embeddings": 16384, "tie_word_embeddings": False, "rope_scaling": None, "bos_token_id": 128000,
+         "eos_token_id": 126081, "attention_bias": False, "hidden_act": "silu"}
+LLAVA = {"mm_vision_tower": "google/siglip2-so400m-patch14-384", "mm_projector_type": "mlp2x_gelu",
+         "mm_vision_select_layer": -2, "mm_use_im_start_end": False, "mm_use_im_patch_token": False,
+         "image_aspect_ratio": "anyres_max_4", "mm_patch_merge_type": "spatial_unpad", "mm_hidden_size": 1152,
+         "image_grid_pinpoints": [[384, 384], [384, 768]], "tokenizer_model_max_length": 8192}
+
+
+def trunk_keys(layers: int) -> set[str]:
+    """The published key list of the trunk (model.safetensors.index.json: 291 keys for 32 layers)."""
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "mlp.down_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight"] + [f"self_attn.{p}_proj.weight" for p in "qkvo"]
+    keys = {f"model.layers.{i}.{k}" for i in range(layers) for k in per_layer}
+    return keys | {"lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"}
+
+
+def test_the_official_config_builds_the_official_key_names_and_shapes():
+    config = LLaDAVConfig(**TRUNK, **LLAVA)
+    assert config.vision_config == TOWERS["google/siglip2-so400m-patch14-384"]
+    with torch.device("meta"):
+        model = LLaDAVModelLM(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    text = {k for k in shapes if ".vision_tower." not in k and ".mm_projector." not in k and "newline" not in k}
+    assert text == trunk_keys(32) and len(text) == 291
+    assert shapes["model.embed_tokens.weight"] == shapes["lm_head.weight"] == (126464, 4096)
+    assert shapes["model.layers.0.mlp.gate_proj.weight"] == (12288, 4096)
+    # LLaVA-OneVision's vision side: SigLIP so400m/14 at 384 (26 layers kept of 27), mlp2x_gelu, the row-end vector
+    tower = "model.vision_tower.vision_tower.vision_model."
+    assert shapes[tower + "embeddings.patch_embedding.weight"] == (1152, 3, 14, 14)
+    assert shapes[tower + "embeddings.position_embedding.weight"] == (729, 1152)
+    assert {k.split(".")[6] for k in shapes if k.startswith(tower + "encoder.layers.")} == {str(i) for i in range(26)}
+    assert shapes[tower + "post_layernorm.weight"] == (1152,) and not any(".head." in k for k in shapes)
+    assert shapes["model.mm_projector.0.weight"] == (4096, 1152) and shapes["model.mm_projector.2.weight"] == (
+        4096, 4096)
+    assert shapes["model.image_newline"] == (4096,)
+
+
+def test_an_official_config_json_loads_through_the_auto_classes(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**TRUNK, **LLAVA, "model_type": "llava_llada",
+                                                      "architectures": ["LlavaLLaDAModelLM"]}))
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert type(config) is LLaDAVConfig and config.rope_parameters["rope_theta"] == 500000.0
+    assert config.mm_use_im_start_end is False  # LLaVA's other fields are kept as given
+    with pytest.raises(ValueError, match="unknown vision tower 'openai/clip-vit-large-patch14'"):
+        LLaDAVConfig(**{**TRUNK, **LLAVA, "mm_vision_tower": "openai/clip-vit-large-patch14"})
+    with pytest.raises(ValueError, match="projector 'linear'"):
+        LLaDAVConfig(**{**TRUNK, **LLAVA, "mm_projector_type": "linear"})
+    tiny_model = LLaDAVModelLM(tiny_config(300, mask_token_id=299))
+    tiny_model.save_pretrained(tmp_path / "tiny")
+    again = AutoModel.from_pretrained(tmp_path / "tiny")
+    assert type(again) is LLaDAVModelLM
+    for key, value in tiny_model.state_dict().items():
+        assert torch.equal(again.state_dict()[key], value), key
+
+
+def test_the_trunk_is_llada_under_llamas_names():
+    """LLaDA-V's trunk is LLaDA-8B-Instruct renamed (its prepare step): DARE's LLaDA and this trunk, holding the same
+    weights under their two sets of names, give the same bidirectional logits, with and without padding."""
+    llada, _ = tiny("llada")
+    c = llada.config
+    llada_v = LLaDAVModelLM(tiny_config(c.vocab_size, hidden_size=c.d_model, intermediate_size=c.mlp_hidden_size,
+                                        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                                        num_key_value_heads=c.n_kv_heads, rope_theta=c.rope_theta,
+                                        rms_norm_eps=c.rms_norm_eps)).eval()
+    names = {"attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm", "q_proj": "self_attn.q_proj",
+             "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj",
+             "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
+    renamed = {"model.embed_tokens.weight": llada.model.transformer.wte.weight,
+               "model.norm.weight": llada.model.transformer.ln_f.weight, "lm_head.weight": llada.lm_head.weight
+               if hasattr(llada, "lm_head") else llada.model.transformer.ff_out.weight}
+    for key, value in llada.state_dict().items():
+        if ".blocks." in key:
+            i, name = key.split(".blocks.")[1].split(".", 1)
+            module, _, leaf = name.rpartition(".")
+            renamed[f"model.layers.{i}.{names[module]}.{leaf}"] = value
+    missing, unexpected = llada_v.load_state_dict(renamed, strict=False)
+    assert not unexpected and all("vision" in k or "mm_projector" in k or "newline" in k for k in missing)
+    ids = torch.randint(0, 200, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        for attention in (None, mask):
+            torch.testing.assert_close(llada_v(input_ids=ids, attention_mask=attention).logits,
+                                       llada(input_ids=ids, attention_mask=attention).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_picture_features_are_the_towers_last_kept_layer_through_the_projector():
+    """As the official ``SigLipVisionTower.forward`` and ``mlp2x_gelu``: the last remaining layer's hidden states
+    (before the post-layernorm, which it never applies), then Linear, GELU, Linear; one row per patch."""
+    model = LLaDAVModelLM(tiny_config(300, mask_token_id=299)).eval()
+    tower = model.model.vision_tower.vision_tower["vision_model"]
+    assert isinstance(tower, SiglipVisionModel)
+    pixels = torch.randn(3, 3, 28, 28)
+    with torch.no_grad():
+        states = tower(pixels, output_hidden_states=True).hidden_states[-1]
+        first, _, second = model.model.mm_projector
+        expect = second(torch.nn.functional.gelu(first(states)))
+        got = model.model.image_features(pixels)
+    assert got.shape == (3, (28 // 7) ** 2, 64)
+    torch.testing.assert_close(got, expect)
+    assert not torch.allclose(states, tower(pixels).last_hidden_state)  # the post-layernorm output differs
