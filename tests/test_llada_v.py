@@ -116,3 +116,35 @@ def test_picture_features_are_the_towers_last_kept_layer_through_the_projector()
     assert got.shape == (3, (28 // 7) ** 2, 64)
     torch.testing.assert_close(got, expect)
     assert not torch.allclose(states, tower(pixels).last_hidden_state)  # the post-layernorm output differs
+
+
+def test_pictures_fill_their_placeholders_and_the_text_reads_them():
+    """Each picture's features take its placeholder positions (``image_token_index``, one a feature, row-major):
+    the same logits from ``pixel_values``, from precomputed ``image_embeds`` and from embeddings assembled by hand;
+    the answer positions read the picture (another picture changes them; the trunk is bidirectional); gradients
+    reach the projector and the tower; a count that does not match fails."""
+    model = LLaDAVModelLM(tiny_config(300, mask_token_id=299)).eval()
+    slot, per = model.config.image_token_index, (28 // 7) ** 2
+    ids = torch.randint(0, 290, (2, per + 6))
+    ids[:, 1:1 + per] = slot
+    pixels = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        features = model.model.image_features(pixels)
+        by_hand = model.model.embed_tokens(ids.clamp(min=0))
+        by_hand[:, 1:1 + per] = features
+        expect = model(inputs_embeds=by_hand).logits
+        torch.testing.assert_close(model(input_ids=ids, pixel_values=pixels).logits, expect)
+        torch.testing.assert_close(model(input_ids=ids, image_embeds=features.flatten(0, 1)).logits, expect)
+        other = model(input_ids=ids, pixel_values=pixels.flip(0)).logits
+    assert (other[:, -5:] - expect[:, -5:]).abs().max() > 1e-4
+    model.zero_grad()
+    model(input_ids=ids, pixel_values=pixels).logits[:, -1].sum().backward()
+    tower = model.model.vision_tower.vision_tower["vision_model"]
+    assert model.model.mm_projector[0].weight.grad.abs().sum() > 0
+    assert tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="32 picture placeholders for 16 picture features"):
+        model(input_ids=ids, pixel_values=pixels[:1])
+    with pytest.raises(ValueError, match="32 picture placeholders, and pictures were not given"):
+        model(input_ids=ids)
+    with pytest.raises(ValueError, match="0 picture placeholders, and pictures were given"):
+        model(input_ids=ids.clamp(min=0), pixel_values=pixels)

@@ -39,6 +39,7 @@ class LLaDAVConfig(DiffusionConfigMixin, LlamaConfig):
     mm_patch_merge_type: str = "spatial_unpad"
     image_aspect_ratio: str = "anyres_max_4"
     vision_config: dict | None = None  # DARE's: the tower's SiglipVisionConfig fields (default: TOWERS)
+    image_token_index: int = -200  # LLaVA's IMAGE_TOKEN_INDEX: in DARE's ids, the placeholder of one picture feature
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**clean_checkpoint_kwargs(kwargs))
@@ -111,6 +112,35 @@ class LLaDAVModelLM(DiffusionLM):
         self.model = LLaDAVBackbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def embed(self, input_ids, pixel_values=None, image_embeds=None):
+        """Token embeddings with the pictures' features in their placeholders (``image_token_index``, one position per
+        feature, the pictures in row-major order): ``image_embeds`` ``[F, hidden]`` (computed once, e.g. for every
+        step of a decoding) or the features of ``pixel_values``."""
+        slots = input_ids == self.config.image_token_index
+        h = self.model.embed_tokens(input_ids.masked_fill(slots, 0))
+        wanted = int(slots.sum())
+        given = pixel_values is not None or image_embeds is not None
+        if not wanted and not given:
+            return h
+        if not wanted or not given:
+            raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders, and pictures were "
+                             f"{'given' if given else 'not given'} (pixel_values or image_embeds)")
+        if image_embeds is None:
+            image_embeds = self.model.image_features(pixel_values).flatten(0, 1)
+        if image_embeds.shape[0] != wanted:
+            raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders for {image_embeds.shape[0]} "
+                             "picture features")
+        return h.masked_scatter(slots[..., None].expand_as(h), image_embeds.to(h.dtype))
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=False, logits_to_keep=0, pixel_values=None, image_embeds=None, **kwargs):
+        """``DiffusionLM.forward``; ids holding picture placeholders read ``pixel_values`` or ``image_embeds``."""
+        if input_ids is not None and inputs_embeds is None:
+            inputs_embeds, input_ids = self.embed(input_ids, pixel_values, image_embeds), None
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               logits_to_keep=logits_to_keep, **kwargs)
 
 
 def tiny_config(vocab_size: int, **overrides) -> LLaDAVConfig:
