@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoConfig, AutoModel, SiglipVisionModel
 
 from dare.models import LLaDAVConfig, LLaDAVModelLM, tiny
-from dare.models.llada_v import TOWERS, tiny_config
+from dare.models.llada_v import TOWERS, crops_of, feature_count, image_processor, tiny_config
 
 # the trunk's config.json in ML-GSAI/LLaDA-V train/llada_v_prepare/files (LLaDA-8B-Instruct under Llama's names), and
 # the official LLaVA fields of its training scripts (train/scripts/llada_v_finetune.sh)
@@ -112,39 +113,83 @@ def test_picture_features_are_the_towers_last_kept_layer_through_the_projector()
         states = tower(pixels, output_hidden_states=True).hidden_states[-1]
         first, _, second = model.model.mm_projector
         expect = second(torch.nn.functional.gelu(first(states)))
-        got = model.model.image_features(pixels)
+        got = model.model.crop_features(pixels)
     assert got.shape == (3, (28 // 7) ** 2, 64)
     torch.testing.assert_close(got, expect)
     assert not torch.allclose(states, tower(pixels).last_hidden_state)  # the post-layernorm output differs
 
 
+def pictures(*sizes):
+    """Random-coloured PIL pictures of the given (width, height) sizes."""
+    g = torch.Generator().manual_seed(0)
+    return [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()) for w, h in sizes]
+
+
+SIZES = ((28, 28), (100, 40), (40, 100), (300, 290))  # one crop; wide; tall; large enough to be shrunk (anyres_max_4)
+
+
+def test_pictures_are_packed_as_llava_onevision_packs_them():
+    """Each picture: its whole crop, then its grid of crops laid out as the picture, unpadded, shrunk to at most 4
+    crops' worth, rows closed by image_newline: equal to transformers'
+    LLaVA-OneVision packing (the port of the same llava_arch code) on the same crop features; the placeholder count
+    (``feature_count``, computed on the meta device) is the packed length."""
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionModel
+
+    model = LLaDAVModelLM(tiny_config(300, mask_token_id=299)).eval()
+    config = model.config
+    inputs = image_processor(config)(images=pictures(*SIZES), return_tensors="pt")
+    assert inputs["pixel_values"].shape[2:] == (3, 28, 28)
+    with torch.no_grad():
+        packed = model.model.image_features(inputs["pixel_values"], inputs["image_sizes"])
+        crops = [model.model.crop_features(p[:crops_of(config, s)])
+                 for p, s in zip(inputs["pixel_values"], inputs["image_sizes"].tolist(), strict=True)]
+    reference = LlavaOnevisionConfig(vision_config=config.tower_config().to_dict(), text_config={"model_type": "llama"},
+                                     image_grid_pinpoints=config.image_grid_pinpoints)
+    with torch.device("meta"):
+        hf = LlavaOnevisionModel(reference)
+    expect, lengths = hf.pack_image_features(crops, inputs["image_sizes"], model.model.image_newline.detach(),
+                                             vision_aspect_ratio=config.image_aspect_ratio)
+    for got, want, size in zip(packed, expect, inputs["image_sizes"].tolist(), strict=True):
+        torch.testing.assert_close(got, want)
+        assert feature_count(config, size) == len(got)
+    # 28 x 28: the whole crop (16) + a 1 x 1 grid of 4 rows of 4 + newline; 300 x 290: a 6 x 6 grid (24 x 24 features)
+    # shrunk by 3 to 8 x 8 (anyres_max_4: 4 crops' worth), rows of 8 + newline
+    assert [len(p) for p in packed] == [16 + 4 * 5, 72, 81, 16 + 8 * 9]
+
+
 def test_pictures_fill_their_placeholders_and_the_text_reads_them():
-    """Each picture's features take its placeholder positions (``image_token_index``, one a feature, row-major):
-    the same logits from ``pixel_values``, from precomputed ``image_embeds`` and from embeddings assembled by hand;
-    the answer positions read the picture (another picture changes them; the trunk is bidirectional); gradients
+    """Each picture's features take its placeholder positions (``image_token_index``, ``feature_count`` of them,
+    pictures row-major): the same logits from ``pixel_values``, from precomputed ``image_embeds`` and from
+    embeddings assembled by hand; the answer positions read the picture (another picture changes them); gradients
     reach the projector and the tower; a count that does not match fails."""
     model = LLaDAVModelLM(tiny_config(300, mask_token_id=299)).eval()
-    slot, per = model.config.image_token_index, (28 // 7) ** 2
-    ids = torch.randint(0, 290, (2, per + 6))
-    ids[:, 1:1 + per] = slot
-    pixels = torch.randn(2, 3, 28, 28)
+    slot, config = model.config.image_token_index, model.config
+    processor = image_processor(config)
+    inputs = processor(images=pictures((100, 40), (28, 28)), return_tensors="pt")
+    counts = [feature_count(config, s) for s in inputs["image_sizes"].tolist()]
+    width = max(counts) + 6
+    ids = torch.randint(0, 290, (2, width))
+    for row, n in enumerate(counts):
+        ids[row, 1:1 + n] = slot
+    pixels, sizes = inputs["pixel_values"], inputs["image_sizes"]
     with torch.no_grad():
-        features = model.model.image_features(pixels)
+        features = model.model.image_features(pixels, sizes)
         by_hand = model.model.embed_tokens(ids.clamp(min=0))
-        by_hand[:, 1:1 + per] = features
+        for row, f in enumerate(features):
+            by_hand[row, 1:1 + len(f)] = f
         expect = model(inputs_embeds=by_hand).logits
-        torch.testing.assert_close(model(input_ids=ids, pixel_values=pixels).logits, expect)
-        torch.testing.assert_close(model(input_ids=ids, image_embeds=features.flatten(0, 1)).logits, expect)
-        other = model(input_ids=ids, pixel_values=pixels.flip(0)).logits
-    assert (other[:, -5:] - expect[:, -5:]).abs().max() > 1e-4
+        torch.testing.assert_close(model(input_ids=ids, pixel_values=pixels, image_sizes=sizes).logits, expect)
+        torch.testing.assert_close(model(input_ids=ids, image_embeds=torch.cat(features)).logits, expect)
+        changed = model(input_ids=ids, pixel_values=pixels.flip(2), image_sizes=sizes).logits  # colours swapped
+    assert (changed[:, -5:] - expect[:, -5:]).abs().max() > 1e-4
     model.zero_grad()
-    model(input_ids=ids, pixel_values=pixels).logits[:, -1].sum().backward()
+    model(input_ids=ids, pixel_values=pixels, image_sizes=sizes).logits[:, -1].sum().backward()
     tower = model.model.vision_tower.vision_tower["vision_model"]
-    assert model.model.mm_projector[0].weight.grad.abs().sum() > 0
+    assert model.model.mm_projector[0].weight.grad.abs().sum() > 0 and model.model.image_newline.grad.abs().sum() > 0
     assert tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="32 picture placeholders for 16 picture features"):
-        model(input_ids=ids, pixel_values=pixels[:1])
-    with pytest.raises(ValueError, match="32 picture placeholders, and pictures were not given"):
+    with pytest.raises(ValueError, match=f"{sum(counts)} picture placeholders for {counts[0]} picture features"):
+        model(input_ids=ids, image_embeds=features[0])
+    with pytest.raises(ValueError, match=f"{sum(counts)} picture placeholders, and pictures were not given"):
         model(input_ids=ids)
     with pytest.raises(ValueError, match="0 picture placeholders, and pictures were given"):
-        model(input_ids=ids.clamp(min=0), pixel_values=pixels)
+        model(input_ids=ids.clamp(min=0), pixel_values=pixels, image_sizes=sizes)

@@ -12,11 +12,19 @@ official config names its tower (``mm_vision_tower``) instead of describing it; 
 and defaults to that tower's published shape.
 """
 
+import math
+import re
+
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import LlamaConfig, SiglipVisionConfig, SiglipVisionModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llava_onevision.modeling_llava_onevision import (
+    get_anyres_image_grid_shape,
+    image_size_to_num_patches,
+    unpad_image,
+)
 
 from .common import DiffusionBackbone, DiffusionConfigMixin, DiffusionLM, clean_checkpoint_kwargs
 
@@ -40,6 +48,7 @@ class LLaDAVConfig(DiffusionConfigMixin, LlamaConfig):
     image_aspect_ratio: str = "anyres_max_4"
     vision_config: dict | None = None  # DARE's: the tower's SiglipVisionConfig fields (default: TOWERS)
     image_token_index: int = -200  # LLaVA's IMAGE_TOKEN_INDEX: in DARE's ids, the placeholder of one picture feature
+    image_grid_pinpoints: list | None = None  # anyres crop grids [height, width]; default 1x1 .. 6x6 tower crops
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**clean_checkpoint_kwargs(kwargs))
@@ -50,6 +59,13 @@ class LLaDAVConfig(DiffusionConfigMixin, LlamaConfig):
             self.vision_config = dict(TOWERS[self.mm_vision_tower])
         if self.mm_projector_type != "mlp2x_gelu":
             raise ValueError(f"llava_llada: projector {self.mm_projector_type!r} is not LLaDA-V's (mlp2x_gelu)")
+        if self.mm_patch_merge_type != "spatial_unpad" or not re.fullmatch(r"anyres(_max_\d+)?",
+                                                                             self.image_aspect_ratio):
+            raise ValueError(f"llava_llada: pictures are packed as LLaDA-V's (spatial_unpad, anyres or anyres_max_N), "
+                             f"got {self.mm_patch_merge_type!r}, {self.image_aspect_ratio!r}")
+        if self.image_grid_pinpoints is None:  # its training scripts' "(1x1),...,(6x6)"
+            side = self.vision_config["image_size"]
+            self.image_grid_pinpoints = [[side * i, side * j] for i in range(1, 7) for j in range(1, 7)]
 
     def tower_config(self) -> SiglipVisionConfig:
         return SiglipVisionConfig(**{**self.vision_config, "vision_use_head": False})
@@ -96,9 +112,21 @@ class LLaDAVBackbone(DiffusionBackbone):
             self.image_newline = nn.Parameter(torch.randn(config.hidden_size) * config.hidden_size ** -0.5)
         self.post_init()
 
-    def image_features(self, pixel_values):
-        """``[N, 3, H, W]`` crops -> ``[N, patches, hidden]``: the tower's patch features through the projector."""
-        return self.mm_projector(self.vision_tower.features(pixel_values))
+    def crop_features(self, crops):
+        """``[M, 3, S, S]`` crops -> ``[M, patches, hidden]``: the tower's patch features through the projector."""
+        return self.mm_projector(self.vision_tower.features(crops))
+
+    def image_features(self, pixel_values, image_sizes) -> list:
+        """Each picture's features ``[F_i, hidden]``, as LLaVA-OneVision packs them (``llava_arch``'s ``spatial_unpad``
+        with ``anyres_max_N``): the whole picture's crop, then the grid of crops laid out as the picture, its padding
+        cut, shrunk to at most N crops' worth, each row closed by ``image_newline``; a one-crop picture: its features
+        and one ``image_newline``. ``pixel_values`` ``[N, crops, 3, S, S]`` (padded crops ignored) with
+        ``image_sizes`` ``[N, 2]`` (height, width), as ``image_processor`` makes them."""
+        counts = [crops_of(self.config, size) for size in image_sizes.tolist()]
+        crops = torch.cat([p[:n] for p, n in zip(pixel_values, counts, strict=True)])
+        features = self.crop_features(crops).split(counts)
+        return [pack(self.config, f, size, self.image_newline) for f, size in zip(features, image_sizes.tolist(),
+                                                                                   strict=True)]
 
 
 class LLaDAVModelLM(DiffusionLM):
@@ -113,10 +141,10 @@ class LLaDAVModelLM(DiffusionLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def embed(self, input_ids, pixel_values=None, image_embeds=None):
+    def embed(self, input_ids, pixel_values=None, image_sizes=None, image_embeds=None):
         """Token embeddings with the pictures' features in their placeholders (``image_token_index``, one position per
         feature, the pictures in row-major order): ``image_embeds`` ``[F, hidden]`` (computed once, e.g. for every
-        step of a decoding) or the features of ``pixel_values``."""
+        step of a decoding) or the features of ``pixel_values`` / ``image_sizes`` (``image_processor``'s)."""
         slots = input_ids == self.config.image_token_index
         h = self.model.embed_tokens(input_ids.masked_fill(slots, 0))
         wanted = int(slots.sum())
@@ -127,20 +155,64 @@ class LLaDAVModelLM(DiffusionLM):
             raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders, and pictures were "
                              f"{'given' if given else 'not given'} (pixel_values or image_embeds)")
         if image_embeds is None:
-            image_embeds = self.model.image_features(pixel_values).flatten(0, 1)
+            image_embeds = torch.cat(self.model.image_features(pixel_values, image_sizes))
         if image_embeds.shape[0] != wanted:
             raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders for {image_embeds.shape[0]} "
                              "picture features")
         return h.masked_scatter(slots[..., None].expand_as(h), image_embeds.to(h.dtype))
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                use_cache=False, logits_to_keep=0, pixel_values=None, image_embeds=None, **kwargs):
+                use_cache=False, logits_to_keep=0, pixel_values=None, image_sizes=None, image_embeds=None, **kwargs):
         """``DiffusionLM.forward``; ids holding picture placeholders read ``pixel_values`` or ``image_embeds``."""
         if input_ids is not None and inputs_embeds is None:
-            inputs_embeds, input_ids = self.embed(input_ids, pixel_values, image_embeds), None
+            inputs_embeds, input_ids = self.embed(input_ids, pixel_values, image_sizes, image_embeds), None
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                                logits_to_keep=logits_to_keep, **kwargs)
+
+
+def crops_of(config, size) -> int:
+    """How many crops ``image_processor`` cuts a picture of ``size`` (height, width) into (the whole one included)."""
+    return image_size_to_num_patches(tuple(size), config.image_grid_pinpoints, config.vision_config["image_size"])
+
+
+def pack(config, features, size, newline):
+    """One picture's crop features ``[crops, side * side, hidden]`` -> its packed features (``image_features``)."""
+    if features.shape[0] == 1:
+        return torch.cat([features[0], newline[None].to(features)])
+    crop = config.vision_config["image_size"]
+    side = crop // config.vision_config["patch_size"]
+    rows, cols = get_anyres_image_grid_shape(tuple(size), config.image_grid_pinpoints, crop)
+    grid = features[1:].view(rows, cols, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
+    grid = unpad_image(grid, tuple(size))
+    _, height, width = grid.shape
+    most = re.fullmatch(r"anyres_max_(\d+)", config.image_aspect_ratio)
+    ratio = math.sqrt(height * width / (int(most.group(1)) * side ** 2)) if most else 0.0
+    if ratio > 1.1:
+        grid = nn.functional.interpolate(grid[None], [int(height // ratio), int(width // ratio)], mode="bilinear")[0]
+    grid = torch.cat([grid, newline[:, None, None].to(grid).expand(*grid.shape[:-1], 1)], dim=-1)
+    return torch.cat([features[0], grid.flatten(1, 2).transpose(0, 1)])
+
+
+def feature_count(config, size) -> int:
+    """How many placeholders a picture of ``size`` (height, width) takes: its packed features, counted on the meta
+    device (no compute)."""
+    side = config.vision_config["image_size"] // config.vision_config["patch_size"]
+    crops = torch.empty(crops_of(config, size), side * side, 1, device="meta")
+    return pack(config, crops, size, torch.empty(1, device="meta")).shape[0]
+
+
+def image_processor(config):
+    """transformers' LLaVA-OneVision image processor set as LLaDA-V's (SigLIP's 0.5 mean and std, the tower's crop
+    size, the config's grids): PIL pictures -> ``pixel_values`` ``[N, crops, 3, S, S]`` and ``image_sizes``."""
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    side = config.vision_config["image_size"]
+    return LlavaOnevisionImageProcessorPil(size={"height": side, "width": side}, do_pad=True,
+                                           image_grid_pinpoints=config.image_grid_pinpoints, image_mean=[0.5] * 3,
+                                           image_std=[0.5] * 3)
 
 
 def tiny_config(vocab_size: int, **overrides) -> LLaDAVConfig:
