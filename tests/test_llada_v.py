@@ -10,7 +10,7 @@ from PIL import Image
 from transformers import AutoConfig, AutoModel, SiglipVisionModel
 
 from dare.models import LLaDAVConfig, LLaDAVModelLM, tiny
-from dare.models.llada_v import TOWERS, crops_of, feature_count, image_processor, tiny_config
+from dare.models.llada_v import TOWERS, crops_of, feature_count, image_processor, placeholders, tiny_config
 
 # the trunk's config.json in ML-GSAI/LLaDA-V train/llada_v_prepare/files (LLaDA-8B-Instruct under Llama's names), and
 # the official LLaVA fields of its training scripts (train/scripts/llada_v_finetune.sh)
@@ -158,19 +158,19 @@ def test_pictures_are_packed_as_llava_onevision_packs_them():
 
 
 def test_pictures_fill_their_placeholders_and_the_text_reads_them():
-    """Each picture's features take its placeholder positions (``image_token_index``, ``feature_count`` of them,
-    pictures row-major): the same logits from ``pixel_values``, from precomputed ``image_embeds`` and from
-    embeddings assembled by hand; the answer positions read the picture (another picture changes them); gradients
-    reach the projector and the tower; a count that does not match fails."""
+    """Id ``-(j + 1)`` takes feature j of the batch's pictures (``feature_count`` per picture, in order): the same
+    logits from ``pixel_values``, from precomputed ``image_embeds`` and from embeddings assembled by hand, and for
+    rows repeated in another order (each placeholder names its feature); the answer positions read the picture
+    (another picture changes them); gradients reach the projector and the tower; a placeholder past the features,
+    or placeholders without pictures, fail."""
     model = LLaDAVModelLM(tiny_config(300, mask_token_id=299)).eval()
-    slot, config = model.config.image_token_index, model.config
+    config = model.config
     processor = image_processor(config)
     inputs = processor(images=pictures((100, 40), (28, 28)), return_tensors="pt")
     counts = [feature_count(config, s) for s in inputs["image_sizes"].tolist()]
-    width = max(counts) + 6
-    ids = torch.randint(0, 290, (2, width))
-    for row, n in enumerate(counts):
-        ids[row, 1:1 + n] = slot
+    ids = torch.randint(0, 290, (2, max(counts) + 6))
+    ids[0, 1:1 + counts[0]] = placeholders(0, counts[0])
+    ids[1, 1:1 + counts[1]] = placeholders(counts[0], counts[1])
     pixels, sizes = inputs["pixel_values"], inputs["image_sizes"]
     with torch.no_grad():
         features = model.model.image_features(pixels, sizes)
@@ -179,7 +179,9 @@ def test_pictures_fill_their_placeholders_and_the_text_reads_them():
             by_hand[row, 1:1 + len(f)] = f
         expect = model(inputs_embeds=by_hand).logits
         torch.testing.assert_close(model(input_ids=ids, pixel_values=pixels, image_sizes=sizes).logits, expect)
-        torch.testing.assert_close(model(input_ids=ids, image_embeds=torch.cat(features)).logits, expect)
+        table = torch.cat(features)
+        torch.testing.assert_close(model(input_ids=ids, image_embeds=table).logits, expect)
+        torch.testing.assert_close(model(input_ids=ids[[1, 0, 1]], image_embeds=table).logits, expect[[1, 0, 1]])
         changed = model(input_ids=ids, pixel_values=pixels.flip(2), image_sizes=sizes).logits  # colours swapped
     assert (changed[:, -5:] - expect[:, -5:]).abs().max() > 1e-4
     model.zero_grad()
@@ -187,9 +189,7 @@ def test_pictures_fill_their_placeholders_and_the_text_reads_them():
     tower = model.model.vision_tower.vision_tower["vision_model"]
     assert model.model.mm_projector[0].weight.grad.abs().sum() > 0 and model.model.image_newline.grad.abs().sum() > 0
     assert tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match=f"{sum(counts)} picture placeholders for {counts[0]} picture features"):
+    with pytest.raises(ValueError, match=f"names picture feature {sum(counts) - 1} of {counts[0]}"):
         model(input_ids=ids, image_embeds=features[0])
-    with pytest.raises(ValueError, match=f"{sum(counts)} picture placeholders, and pictures were not given"):
+    with pytest.raises(ValueError, match="placeholders but no pictures were given"):
         model(input_ids=ids)
-    with pytest.raises(ValueError, match="0 picture placeholders, and pictures were given"):
-        model(input_ids=ids.clamp(min=0), pixel_values=pixels, image_sizes=sizes)

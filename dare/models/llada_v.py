@@ -47,7 +47,6 @@ class LLaDAVConfig(DiffusionConfigMixin, LlamaConfig):
     mm_patch_merge_type: str = "spatial_unpad"
     image_aspect_ratio: str = "anyres_max_4"
     vision_config: dict | None = None  # DARE's: the tower's SiglipVisionConfig fields (default: TOWERS)
-    image_token_index: int = -200  # LLaVA's IMAGE_TOKEN_INDEX: in DARE's ids, the placeholder of one picture feature
     image_grid_pinpoints: list | None = None  # anyres crop grids [height, width]; default 1x1 .. 6x6 tower crops
 
     def __post_init__(self, **kwargs):
@@ -142,24 +141,25 @@ class LLaDAVModelLM(DiffusionLM):
         self.post_init()
 
     def embed(self, input_ids, pixel_values=None, image_sizes=None, image_embeds=None):
-        """Token embeddings with the pictures' features in their placeholders (``image_token_index``, one position per
-        feature, the pictures in row-major order): ``image_embeds`` ``[F, hidden]`` (computed once, e.g. for every
-        step of a decoding) or the features of ``pixel_values`` / ``image_sizes`` (``image_processor``'s)."""
-        slots = input_ids == self.config.image_token_index
-        h = self.model.embed_tokens(input_ids.masked_fill(slots, 0))
-        wanted = int(slots.sum())
+        """Token embeddings with the pictures' features in their placeholders: id ``-(j + 1)`` stands for feature j
+        of the batch's pictures (``placeholders``), so rows may be repeated, reordered or subset freely. The features
+        are ``image_embeds`` ``[F, hidden]`` (computed once, e.g. for every step of a decoding) or those of
+        ``pixel_values`` / ``image_sizes`` (``image_processor``'s), the pictures' packed features in order."""
+        slots = input_ids < 0
+        h = self.model.embed_tokens(input_ids.clamp(min=0))
         given = pixel_values is not None or image_embeds is not None
-        if not wanted and not given:
+        if not given:
+            if bool(slots.any()):
+                raise ValueError("llava_llada: input_ids hold picture placeholders but no pictures were given "
+                                 "(pixel_values or image_embeds)")
             return h
-        if not wanted or not given:
-            raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders, and pictures were "
-                             f"{'given' if given else 'not given'} (pixel_values or image_embeds)")
         if image_embeds is None:
             image_embeds = torch.cat(self.model.image_features(pixel_values, image_sizes))
-        if image_embeds.shape[0] != wanted:
-            raise ValueError(f"llava_llada: input_ids hold {wanted} picture placeholders for {image_embeds.shape[0]} "
-                             "picture features")
-        return h.masked_scatter(slots[..., None].expand_as(h), image_embeds.to(h.dtype))
+        index = -input_ids[slots] - 1
+        if index.numel() and int(index.max()) >= len(image_embeds):
+            raise ValueError(f"llava_llada: a placeholder names picture feature {int(index.max())} of "
+                             f"{len(image_embeds)}")
+        return h.index_put((slots,), image_embeds[index].to(h.dtype))
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=False, logits_to_keep=0, pixel_values=None, image_sizes=None, image_embeds=None, **kwargs):
@@ -169,6 +169,11 @@ class LLaDAVModelLM(DiffusionLM):
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                                logits_to_keep=logits_to_keep, **kwargs)
+
+
+def placeholders(first: int, count: int) -> torch.Tensor:
+    """The ids standing for picture features ``first .. first + count - 1`` of a batch (``LLaDAVModelLM.embed``)."""
+    return -1 - torch.arange(first, first + count)
 
 
 def crops_of(config, size) -> int:
