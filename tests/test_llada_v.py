@@ -193,3 +193,57 @@ def test_pictures_fill_their_placeholders_and_the_text_reads_them():
         model(input_ids=ids, image_embeds=features[0])
     with pytest.raises(ValueError, match="placeholders but no pictures were given"):
         model(input_ids=ids)
+
+
+def test_a_picture_prompt_holds_each_pictures_placeholders_between_its_text_pieces():
+    from dare.data.images import picture_prompt_ids
+
+    _, tok = tiny("llada")
+    config = tiny_config(300, mask_token_id=299)
+    sizes = [(40, 100), (28, 28)]
+    counts = [feature_count(config, s) for s in sizes]
+    text = "<image>\nHow many red shapes? <image> and these?"
+    ids = picture_prompt_ids(tok, text, counts, first=5)
+    words = [tok(piece, add_special_tokens=False).input_ids for piece in ("\nHow many red shapes? ", " and these?")]
+    expect = (placeholders(5, counts[0]).tolist() + words[0] + placeholders(5 + counts[0], counts[1]).tolist()
+              + words[1])
+    assert ids == expect
+    assert picture_prompt_ids(tok, "no pictures", []) == tok("no pictures", add_special_tokens=False).input_ids
+    with pytest.raises(ValueError, match="2 <image> placeholder.*for 1 picture"):
+        picture_prompt_ids(tok, text, counts[:1])
+
+
+def test_dares_samplers_decode_a_picture_prompt_handed_the_model_with_its_pictures():
+    """DARE's masked-diffusion sampler, unchanged, decodes picture prompts when handed ``WithPictures``: a permuted
+    batch decodes to the permuted answers (each placeholder names its feature), features computed once equal
+    features computed at every step, and the bare model refuses the placeholders."""
+    from dare.data.images import picture_prompt_ids
+    from dare.models import Family
+    from dare.models.llada_v import WithPictures
+    from dare.sampling import SamplingConfig, generate
+
+    _, tok = tiny("llada")
+    ids = dict(mask_token_id=tok.convert_tokens_to_ids("<|mdm_mask|>"), eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    model = LLaDAVModelLM(tiny_config(len(tok), **ids)).eval()
+    family = Family.from_pretrained(model.config, tok)
+    assert (family.name, family.mask_id, family.block_size) == ("llada_v", ids["mask_token_id"], None)
+    inputs = image_processor(model.config)(images=pictures((100, 40), (28, 28)), return_tensors="pt")
+    counts = [feature_count(model.config, s) for s in inputs["image_sizes"].tolist()]
+    rows = []
+    for question, first, count in (("How many red shapes?", 0, counts[0]), ("And green?", counts[0], counts[1])):
+        text = tok.apply_chat_template([{"role": "user", "content": f"<image>\n{question}"}], tokenize=False,
+                                       add_generation_prompt=True)
+        rows.append(picture_prompt_ids(tok, text, [count], first))
+    width = max(map(len, rows))
+    prompt = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    config = SamplingConfig(gen_length=8, steps=8, temperature=0.0)
+    pictured = WithPictures(model, inputs["pixel_values"], inputs["image_sizes"])
+    out = generate(pictured, family, prompt, mask, config).sequences
+    swapped = generate(pictured, family, prompt[[1, 0]], mask[[1, 0]], config).sequences
+    assert torch.equal(swapped, out[[1, 0]])
+    every_step = WithPictures(model, inputs["pixel_values"], inputs["image_sizes"], fixed=False)
+    assert torch.equal(generate(every_step, family, prompt, mask, config).sequences, out)
+    with pytest.raises(ValueError, match="placeholders but no pictures"):
+        generate(model, family, prompt, mask, config)

@@ -60,6 +60,21 @@ def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "r
     return [load_image(e, base, f"{where} image {i}") for i, e in enumerate(entries)]
 
 
+def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) -> list[int]:
+    """A rendered prompt's ids with each ``<image>`` replaced by its picture's placeholders: ``counts[i]`` ids
+    ``-(j + 1)`` naming features ``j`` of the batch's pictures, numbered from ``first`` (the model's ``embed``). The
+    text between pictures is tokenized piece by piece, as LLaVA's ``tokenizer_image_token`` does."""
+    pieces = text.split(IMAGE)
+    if len(pieces) - 1 != len(counts):
+        raise ValueError(f"the prompt has {len(pieces) - 1} {IMAGE} placeholder(s) for {len(counts)} picture(s)")
+    ids = tokenizer(pieces[0], add_special_tokens=False).input_ids
+    for piece, count in zip(pieces[1:], counts, strict=True):
+        ids += list(range(-1 - first, -1 - first - count, -1))
+        first += count
+        ids += tokenizer(piece, add_special_tokens=False).input_ids
+    return ids
+
+
 def holds_images(rows) -> bool:
     """Whether a ``datasets.Dataset`` has an ``images`` column with an image in it (read from the Arrow column,
     without decoding any)."""

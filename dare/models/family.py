@@ -21,7 +21,8 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "sdar_moe": ("sdar_moe", False, "linear", "low_confidence", "schedule"),
          "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule"),
          "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one"),
-         "nemotron_labs_diffusion": ("nemotron_diffusion", False, "linear", "low_confidence", "one")}
+         "nemotron_labs_diffusion": ("nemotron_diffusion", False, "linear", "low_confidence", "one"),
+         "llava_llada": ("llada_v", False, "linear", "low_confidence", "one")}
 UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
 # families that decode blocks of config.block_size against a causal context (their attention is not block-causal: a
 # block is read bidirectionally, committed tokens left to right; dare/sampling/causal.py). They train on [x_t ‖ x_0]
@@ -38,7 +39,7 @@ def max_positions(config) -> int | None:
 
 @dataclass(frozen=True)
 class Family:
-    name: str                      # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma | nemotron_diffusion
+    name: str                      # llada dream sdar sdar_moe llada2 diffusion_gemma nemotron_diffusion llada_v
     mask_id: int                   # -1 for uniform-noise families (they have no mask token)
     eos_id: int
     pad_id: int

@@ -171,6 +171,31 @@ class LLaDAVModelLM(DiffusionLM):
                                logits_to_keep=logits_to_keep, **kwargs)
 
 
+class WithPictures(nn.Module):
+    """``model`` reading a batch's pictures at every call: what samplers, estimators and losses are handed in place of
+    the model (they call it as any model), so no decoding or algorithm knows of pictures. ``fixed``: the features
+    are computed once, without gradients (decoding, scoring under no_grad); otherwise at every call, so the tower and
+    projector get their gradients. Everything else (config, parameters, modes) is the model's."""
+
+    def __init__(self, model, pixel_values, image_sizes, fixed: bool = True):
+        super().__init__()
+        self.model = model
+        if fixed:
+            with torch.no_grad():
+                self.pictures = {"image_embeds": torch.cat(model.model.image_features(pixel_values, image_sizes))}
+        else:
+            self.pictures = {"pixel_values": pixel_values, "image_sizes": image_sizes}
+
+    def forward(self, input_ids=None, **kwargs):
+        return self.model(input_ids=input_ids, **self.pictures, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("model"), name)
+
+
 def placeholders(first: int, count: int) -> torch.Tensor:
     """The ids standing for picture features ``first .. first + count - 1`` of a batch (``LLaDAVModelLM.embed``)."""
     return -1 - torch.arange(first, first + count)

@@ -17,7 +17,7 @@ VOCAB_SIZE = 512  # including special tokens
 
 # Token the model emits to end its turn.
 TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", "llada2": "<|role_end|>",
-            "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>"}
+            "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>", "llada_v": "<|eot_id|>"}  # LLaDA's
 
 # The mask token of families whose tokenizer declares none (the id is config.mask_token_id): its string here.
 MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>"}
