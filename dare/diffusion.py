@@ -38,6 +38,11 @@ recipe we follow UPSTREAM:
            after them, which carry nothing). The remote code's own ``block_diff`` loss divides the two sums by one
            count (masked + seq_len); its released configs say "bidirectional" (the inference-time mode).
 
+* llada_v  LLaDA-V's ``forward`` (``modeling_llada.py`` of ML-GSAI/LLaDA-V): LLaDA's recipe over the response tokens
+           only (its labels: the prompt, the picture features and the padding are -100): t ~ U(0, 1),
+           p = (1-eps) t + eps, eps = 1e-3; CE / p summed per sequence over its masked tokens, divided by its response
+           length, then averaged over the batch; padding is padding.
+
 Block families (sdar, sdar_moe, llada2) and nemotron_diffusion (``causal_loss``) are trained on the doubled
 ``[x_t ‖ x_0]`` layout, built by ``Family.logits(..., clean_ids=x_0)``.
 
@@ -107,6 +112,7 @@ RECIPES = {
     # per-example mean; the response is EOS-filled to whole canvases (SFTCollator) and the padding after is padding
     "diffusion_gemma": NoiseRecipe(t_high=1 - 2e-4, eps=1e-4, weight="none", mask_pads=False),
     "nemotron_diffusion": NoiseRecipe(normalizer="masked", mask_pads=False, diffusion_weight=0.3, causal_loss=True),
+    "llada_v": NoiseRecipe(mask_pads=False),
 }
 
 

@@ -247,3 +247,19 @@ def test_dares_samplers_decode_a_picture_prompt_handed_the_model_with_its_pictur
     assert torch.equal(generate(every_step, family, prompt, mask, config).sequences, out)
     with pytest.raises(ValueError, match="placeholders but no pictures"):
         generate(model, family, prompt, mask, config)
+
+
+def test_tiny_llada_v_is_a_family_that_reads_pictures_and_text_families_do_not():
+    from dare.models import Family
+    from dare.models import pictures as reader_of
+
+    model, tok = tiny("llada_v")
+    family = Family.from_pretrained(model.config, tok)
+    reader = reader_of(model.config)
+    assert family.pictures and not Family.from_pretrained(tiny("llada")[0].config, tok).pictures
+    assert reader_of(tiny("llada")[0].config) is None
+    inputs = reader(pictures((100, 40), (28, 28)))
+    assert inputs["pixel_values"].shape[:3] == (2, 9, 3) and inputs["image_sizes"].tolist() == [[40, 100], [28, 28]]
+    assert [reader.count(s) for s in inputs["image_sizes"].tolist()] == [72, 36]
+    wrapped = reader.wrap(model, **inputs)
+    assert wrapped.config is model.config and next(wrapped.parameters()) is next(model.parameters())

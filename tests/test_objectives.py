@@ -82,7 +82,9 @@ def spec_loss(logits, x0, masked, loss_mask, t, name, causal_logits=None):
 
 
 def test_recipes_follow_upstream():
-    assert set(RECIPES) == set(FAMILIES) | {"diffusion_gemma"}
+    assert set(RECIPES) == set(FAMILIES) | {"diffusion_gemma", "llada_v"}
+    # LLaDA-V: LLaDA's per-sequence recipe over the response only (labels -100 on prompt, pictures and padding)
+    assert RECIPES["llada_v"] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", False, False)
     # Google's uniform-noise SFT: t uniform inside (1e-4, 1 - 1e-4), no weighting, a per-example mean
     assert RECIPES["diffusion_gemma"] == NoiseRecipe(0.0, 1 - 2e-4, 1e-4, "none", "answer_length", False, False)
     upstream = NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", True, False)

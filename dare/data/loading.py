@@ -62,8 +62,8 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None,
     if len(rows) == 0:
         raise ValueError(f"Dataset {path} is empty")
     if not images and holds_images(rows):
-        raise ValueError(f"Dataset {path} holds images (its 'images' column): this model reads text only, and DARE "
-                         "has no family yet that reads pictures")
+        raise ValueError(f"Dataset {path} holds images (its 'images' column): this run reads text only (DARE's "
+                         "scripts do not feed pictures yet; LLaDA-V's model reads them: dare/models/llada_v.py)")
     return rows
 
 

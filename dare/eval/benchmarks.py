@@ -67,7 +67,7 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
 def prompt_rows_from(rows: list[dict]) -> list[dict]:
     """Generated task rows (reference schema) -> the flat RL row format; refused for a visual task's rows."""
     if any("images" in r for r in rows):
-        raise ValueError(f"task {rows[0]['data_source']}: its questions are pictures; the models DARE evaluates read "
-                         "text only, and DARE has no family yet that reads pictures")
+        raise ValueError(f"task {rows[0]['data_source']}: its questions are pictures, and DARE's evaluation reads "
+                         "text only (it does not feed pictures yet; LLaDA-V's model reads them)")
     return [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "data_source": r["data_source"],
              "extra_info": r["extra_info"]} for r in rows]

@@ -7,7 +7,7 @@ from .dream import DreamConfig, DreamModel
 from .family import Family
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
-from .llada_v import LLaDAVConfig, LLaDAVModelLM
+from .llada_v import LLaDAVConfig, LLaDAVModelLM, PictureReader
 from .loading import load_pretrained, load_tokenizer
 from .nemotron_diffusion import NemotronDiffusionConfig, NemotronLabsDiffusionModel
 from .sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
@@ -21,8 +21,17 @@ for _config, _model in [(LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), 
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
 
 FAMILIES = tuple(TINY)
+PICTURE_READERS = {"llava_llada": PictureReader}  # model_type -> what reads its pictures (Family.pictures)
 
-__all__ = ["FAMILIES", "Family", "TINY", "load_pretrained", "load_tokenizer", "save_tiny", "tiny",
+
+def pictures(config):
+    """The picture reader of a model that reads pictures (``PictureReader``), None for a text model."""
+    reader = PICTURE_READERS.get(getattr(config, "model_type", None))
+    return reader(config) if reader is not None else None
+
+
+__all__ = ["FAMILIES", "Family", "PICTURE_READERS", "TINY", "load_pretrained", "load_tokenizer", "pictures",
+           "save_tiny", "tiny",
            "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
            "LLaDAVConfig", "LLaDAVModelLM",
            "NemotronDiffusionConfig", "NemotronLabsDiffusionModel", "SDARConfig", "SDARForCausalLM", "SDARMoeConfig",

@@ -28,6 +28,7 @@ UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens,
 # block is read bidirectionally, committed tokens left to right; dare/sampling/causal.py). They train on [x_t ‖ x_0]
 # with blocks of that size and a clean half read left to right (Nemotron's block_diff), or plainly bidirectionally.
 CAUSAL_CONTEXT = ("nemotron_diffusion",)
+PICTURES = ("llada_v",)  # families whose prompts may hold pictures (dare.models.pictures reads them)
 
 
 def max_positions(config) -> int | None:
@@ -59,6 +60,7 @@ class Family:
     # block denoised bidirectionally against the cache, then a causal pass that proposes the next block's first
     # token: dare/sampling/causal.py); None: the family's sampler reads the canvas with its own attention
     causal_block: int | None = None
+    pictures: bool = False  # its prompts may hold pictures (LLaDA-V): rows with images are read, not refused
 
     @property
     def is_block_diffusion(self) -> bool:
@@ -103,7 +105,7 @@ class Family:
         if causal_block is not None:  # its attention is bidirectional (or causal), never block-causal
             block = None
         return cls(name, ids["mask"], ids["eos"], ids["pad"], ids["bos"], stop_ids, shift, block, vocab, schedule,
-                   remasking, threshold_rule, "uniform" if uniform else "mask", causal_block)
+                   remasking, threshold_rule, "uniform" if uniform else "mask", causal_block, name in PICTURES)
 
     def logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                clean_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

@@ -7,7 +7,7 @@
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from . import diffusion_gemma, dream, llada, llada2, nemotron_diffusion, sdar
+from . import diffusion_gemma, dream, llada, llada2, llada_v, nemotron_diffusion, sdar
 from .tokenizers import MASK_IN_CONFIG, tiny_tokenizer
 
 TINY = {
@@ -18,6 +18,7 @@ TINY = {
     "llada2": (llada2.tiny_config, llada2.LLaDA2MoeModelLM),
     "diffusion_gemma": (diffusion_gemma.tiny_config, DiffusionGemmaForBlockDiffusion),
     "nemotron_diffusion": (nemotron_diffusion.tiny_config, nemotron_diffusion.NemotronLabsDiffusionModel),
+    "llada_v": (llada_v.tiny_config, llada_v.LLaDAVModelLM),
 }
 
 

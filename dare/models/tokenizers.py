@@ -20,7 +20,7 @@ TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", 
             "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>", "llada_v": "<|eot_id|>"}  # LLaDA's
 
 # The mask token of families whose tokenizer declares none (the id is config.mask_token_id): its string here.
-MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>"}
+MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>", "llada_v": "<|mdm_mask|>"}
 
 # ---- chat templates (compact, tool-free rewrites of the official ones) ----
 
@@ -206,8 +206,9 @@ _CACHE: dict[str, str] = {}
 
 
 def tiny_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """A fresh tiny tokenizer for `family` (one of FAMILIES; 'sdar_moe' maps to 'sdar')."""
-    family = "sdar" if family == "sdar_moe" else family
+    """A fresh tiny tokenizer for `family` (one of FAMILIES; 'sdar_moe' maps to 'sdar', 'llada_v' to 'llada': LLaDA-V
+    ships LLaDA's tokenizer)."""
+    family = {"sdar_moe": "sdar", "llada_v": "llada"}.get(family, family)
     if family not in _SPEC:
         raise ValueError(f"unknown tokenizer family {family!r}; known: {', '.join(FAMILIES)}")
     if family not in _CACHE:
