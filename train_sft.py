@@ -91,9 +91,11 @@ def main(args: Args):
     from transformers import TrainingArguments, set_seed
 
     from dare.data import SFTCollator, load_rows
+    from dare.data.images import image_base
     from dare.data.sft import tokenize_dataset
     from dare.diffusion import recipe_for
     from dare.lora import apply_lora
+    from dare.models import pictures
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
     from dare.trainers import DiffusionSFTTrainer, StopAtLoss, fit, start_or_resume
     from dare.trainers.distributed import checkpointing_args, mixed_precision, process_group_args
@@ -119,16 +121,20 @@ def main(args: Args):
     if positions and args.data.max_length > positions:
         raise ValueError(f"data.max_length {args.data.max_length} is more than the model's {positions} positions "
                          "(max_position_embeddings)")
-    rows = load_rows(args.data.path, args.data.split, args.data.local_dir)
+    reader = pictures(config) if family.pictures else None  # LLaDA-V reads the rows' pictures
+    if reader is not None and (args.data.pack or sp > 1 or args.eval_generate):
+        raise ValueError(f"{family.name} reads pictures: data.pack, sequence_parallel > 1 and eval_generate do not "
+                         "take them yet")
+    rows = load_rows(args.data.path, args.data.split, args.data.local_dir, images=reader is not None)
     if args.data.limit:
         rows = rows.select(range(min(args.data.limit, len(rows))))
-    train = tokenize_dataset(rows, tokenizer, family, args.data)
+    train = tokenize_dataset(rows, tokenizer, family, args.data, reader, image_base(args.data.path))
     evaluation = None
     if args.data.eval_path:
-        held_out = load_rows(args.data.eval_path, args.data.eval_split, args.data.local_dir)
+        held_out = load_rows(args.data.eval_path, args.data.eval_split, args.data.local_dir, images=reader is not None)
         if args.data.eval_limit:
             held_out = held_out.select(range(min(args.data.eval_limit, len(held_out))))
-        evaluation = tokenize_dataset(held_out, tokenizer, family, args.data)
+        evaluation = tokenize_dataset(held_out, tokenizer, family, args.data, reader, image_base(args.data.eval_path))
     generation = held_out_generation(args, tokenizer, family, positions) if args.eval_generate else None
     training_args = TrainingArguments(  # first: under ZeRO-3 (zero3_init_flag) the weights load partitioned
         output_dir=args.output_dir, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
@@ -149,8 +155,8 @@ def main(args: Args):
     model = apply_lora(model, args.lora, args.gradient_checkpointing, args.model)
     trainer = DiffusionSFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
                                   family=family, generation=generation, sequence_parallel=args.sequence_parallel,
-                                  data_collator=SFTCollator(family, args.data), processing_class=tokenizer,
-                                  console=args.console)
+                                  data_collator=SFTCollator(family, args.data, reader), processing_class=tokenizer,
+                                  console=args.console, pictures=reader)
     if args.stop_at_loss:
         trainer.add_callback(StopAtLoss(args.stop_at_loss))
     merged = f"{args.output_dir}/merged" if args.lora.rank > 0 and args.export_merged else None

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 from transformers import AutoConfig, AutoModel, SiglipVisionModel
 
+from dare.data import load_rows
 from dare.models import LLaDAVConfig, LLaDAVModelLM, tiny
 from dare.models.llada_v import TOWERS, crops_of, feature_count, image_processor, placeholders, tiny_config
 
@@ -263,3 +264,40 @@ def test_tiny_llada_v_is_a_family_that_reads_pictures_and_text_families_do_not()
     assert [reader.count(s) for s in inputs["image_sizes"].tolist()] == [72, 36]
     wrapped = reader.wrap(model, **inputs)
     assert wrapped.config is model.config and next(wrapped.parameters()) is next(model.parameters())
+
+
+def test_sft_on_pictures_trains_the_tower_and_projector_and_text_families_refuse_them(tmp_path):
+    """train_sft.py on the visual task with tiny:llada_v: each example's picture placeholders are renumbered over
+    its batch and its pictures arrive as pixel_values; after a few steps the tower and the projector have moved
+    (their gradients came through the pictures); a text family refuses the same rows before loading weights."""
+    import train_sft
+    from dare.data import SFTCollator
+    from dare.data.sft import SFTDataConfig, tokenize_dataset
+    from dare.data.tasks import write_task
+    from dare.models import Family
+    from dare.models import pictures as reader_of
+    from dare.models.loading import load_pretrained
+
+    data = write_task("shapes", str(tmp_path / "shapes.parquet"), 24)
+    model, tok = tiny("llada_v")
+    family, reader = Family.from_pretrained(model.config, tok), reader_of(model.config)
+    config = SFTDataConfig(path=data, max_length=160, pad_to="longest")
+    examples = tokenize_dataset(load_rows(data, images=True), tok, family, config, reader)
+    batch = SFTCollator(family, config, reader)([examples[0], examples[1]])
+    counts = [sum(i < 0 for i in e["input_ids"]) for e in (examples[0], examples[1])]
+    assert (batch["input_ids"] < 0).sum(-1).tolist() == counts
+    assert sorted((-batch["input_ids"][batch["input_ids"] < 0] - 1).tolist()) == list(range(sum(counts)))
+    assert batch["pixel_values"].shape[0] == 2 and batch["image_sizes"].tolist() == [[48, 48], [48, 48]]
+
+    args = train_sft.Args(model="tiny:llada_v", output_dir=str(tmp_path / "out"), max_steps=4, save_steps=4,
+                          per_device_train_batch_size=4, learning_rate=1e-2, warmup_steps=0.0, logging_steps=1)
+    args.data.path, args.data.max_length, args.data.pad_to = data, 160, "longest"
+    train_sft.main(args)
+    trained, _, _ = load_pretrained(str(tmp_path / "out"))
+    tower = "model.vision_tower.vision_tower.vision_model.embeddings.patch_embedding.weight"
+    for key in (tower, "model.mm_projector.0.weight"):
+        assert not torch.allclose(trained.state_dict()[key], model.state_dict()[key]), key
+    refused = train_sft.Args(model="tiny:llada", output_dir=str(tmp_path / "text"))
+    refused.data.path = data
+    with pytest.raises(ValueError, match="holds images"):
+        train_sft.main(refused)

@@ -22,6 +22,17 @@ def load_image(value, base: Path | None = None, where: str = "image"):
 
     if isinstance(value, Image.Image):
         return value.convert("RGB")
+    value = image_bytes(value, base, where)
+    try:
+        image = Image.open(io.BytesIO(value))
+        image.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"{where}: the image cannot be read ({e})") from None
+    return image.convert("RGB")
+
+
+def image_bytes(value, base: Path | None = None, where: str = "image") -> bytes:
+    """The encoded bytes of one image entry (a file read, a data URI decoded), unchecked."""
     if isinstance(value, dict):
         if value.get("bytes") is not None:
             value = value["bytes"]
@@ -39,12 +50,15 @@ def load_image(value, base: Path | None = None, where: str = "image"):
     if not isinstance(value, (bytes, bytearray)):
         raise ValueError(f"{where}: an image is bytes, a path, a data URI or {{'bytes', 'path'}}, got "
                          f"{type(value).__name__}")
-    try:
-        image = Image.open(io.BytesIO(value))
-        image.load()
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"{where}: the image cannot be read ({e})") from None
-    return image.convert("RGB")
+    return bytes(value)
+
+
+def image_base(path: str | None) -> Path | None:
+    """The folder a data source's relative image paths start from: a file's folder, a folder itself, else none."""
+    if not path or ":" in path and not Path(path).exists():
+        return None
+    local = Path(path)
+    return local if local.is_dir() else local.parent
 
 
 def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "row") -> list:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
+from .images import image_bytes, load_image, picture_prompt_ids, row_images
 from .loading import LocalDir, get_field, has_field
 
 
@@ -133,12 +134,23 @@ def as_sft_rows(rows, config: SFTDataConfig):
     return rows, replace(config, prompt_key=prompt, response_key=response)
 
 
-def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
-    """``{"input_ids", "prompt_length", "response_length"}`` for one row; ``truncated`` says whether it was cut."""
+def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig, reader=None, base=None) -> dict:
+    """``{"input_ids", "prompt_length", "response_length"}`` for one row; ``truncated`` says whether it was cut. With
+    a picture ``reader`` (``dare.models.pictures``; ``base``: the folder image paths are relative to), each ``<image>``
+    of the prompt becomes its picture's placeholders (numbered from 0 in the example; the collator renumbers them in
+    the batch) and ``images`` keeps the row's picture entries."""
     prompt = get_field(row, config.prompt_key)
     response = completion_text(get_field(row, config.response_key), config.response_key)
-    prompt_ids = tokenizer.apply_chat_template(as_messages(prompt, config.system_prompt), add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"]
+    messages = as_messages(prompt, config.system_prompt)
+    extra = {}
+    if reader is None:
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"]
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        images = row_images(row, text, base, f"a row of prompt {text[:60]!r}")
+        prompt_ids = picture_prompt_ids(tokenizer, text, [reader.count((i.height, i.width)) for i in images])
+        extra = {"images": [image_bytes(x, base) for x in row.get("images") or []]}  # read, checked: bytes
     turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + turn_end + [family.eos_id]
     excess = len(prompt_ids) + len(response_ids) - config.max_length
@@ -147,14 +159,18 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig) -> dict:
         if config.truncation == "error":
             raise ValueError(f"Example of {len(prompt_ids)} prompt + {len(response_ids)} response tokens exceeds "
                              f"max_length={config.max_length}; raise max_length or set truncation to right/left")
+        if config.truncation == "left" and extra.get("images"):
+            raise ValueError(f"An example of {len(prompt_ids)} prompt + {len(response_ids)} response tokens exceeds "
+                             f"max_length={config.max_length}, and cutting its prompt would cut a picture: raise "
+                             "max_length or truncate right")
         if config.truncation == "right" and excess < len(response_ids):
             response_ids = response_ids[:-excess]
         elif config.truncation == "left" and excess < len(prompt_ids):
             prompt_ids = prompt_ids[excess:]
         else:  # nothing of the response would be left to learn from: the example is dropped (and counted)
-            return {"input_ids": [], "prompt_length": 0, "response_length": 0, "truncated": True}
+            return {"input_ids": [], "prompt_length": 0, "response_length": 0, "truncated": True, **extra}
     return {"input_ids": prompt_ids + response_ids, "prompt_length": len(prompt_ids),
-            "response_length": len(response_ids), "truncated": truncated}
+            "response_length": len(response_ids), "truncated": truncated, **extra}
 
 
 class SFTCollator:
@@ -162,12 +178,30 @@ class SFTCollator:
     (LLaDA/Dream/SDAR train on the EOS tail; LLaDA2 excludes it from attention and loss); with ``config.pack``, packs
     them (module docstring)."""
 
-    def __init__(self, family, config: SFTDataConfig):
-        self.family, self.config, self.recipe = family, config, recipe_for(family)
+    def __init__(self, family, config: SFTDataConfig, reader=None):
+        """``reader`` (``dare.models.pictures``): examples with pictures get ``pixel_values`` / ``image_sizes``, their
+        placeholders renumbered over the batch."""
+        self.family, self.config, self.recipe, self.reader = family, config, recipe_for(family), reader
 
     def __call__(self, examples: list[dict]) -> dict:
         if self.config.pack:
+            if any(e.get("images") for e in examples):
+                raise ValueError("data.pack does not take pictures: unset it")
             return self.pack(examples)
+        batch = self.pad(examples)
+        return {**batch, **self.pictures(examples, batch["input_ids"])} if self.reader is not None else batch
+
+    def pictures(self, examples: list[dict], ids: torch.Tensor) -> dict:
+        """The batch's pictures in order, and each row's placeholders renumbered after the rows before it."""
+        images, first = [], 0
+        for r, e in enumerate(examples):
+            images += [load_image(x, where=f"example {r} of the batch") for x in e.get("images") or []]
+            slots = ids[r] < 0
+            ids[r, slots] -= first
+            first += int(slots.sum())
+        return self.reader(images) if images else {}
+
+    def pad(self, examples: list[dict]) -> dict:
         prompt = torch.tensor([e["prompt_length"] for e in examples])
         response = torch.tensor([e["response_length"] for e in examples])
         if self.family.noise == "uniform":  # whole canvases after the prompt, EOS-filled (Google's canvas chunker)
@@ -212,12 +246,13 @@ class SFTCollator:
                 "segment_ids": segment_ids, "position_ids": position_ids}
 
 
-def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig):
-    """Tokenize every row (datasets.map keeps a cache); warns with the count of truncated examples and drops, with
-    their count, those that truncation would empty (right: a prompt that alone fills max_length)."""
+def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig, reader=None, base=None):
+    """Tokenize every row (datasets.map keeps a cache; ``reader`` / ``base``: pictures, as ``tokenize_sft``); warns
+    with the count of truncated examples and drops, with their count, those that truncation would empty (right: a
+    prompt that alone fills max_length)."""
     rows, config = as_sft_rows(rows, config)
     columns = rows.column_names
-    out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config), remove_columns=columns,
+    out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config, reader, base), remove_columns=columns,
                    desc="tokenizing")
     cut = sum(out["truncated"])
     kept = out.filter(lambda r: r["response_length"] > 0)

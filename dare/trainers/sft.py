@@ -17,13 +17,14 @@ REWARD_WORKERS = 8  # threads scoring those answers (train_rl.py's default)
 
 
 class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Trainer):
-    def __init__(self, *args, family, generation=None, sequence_parallel: int = 1, **kwargs):
+    def __init__(self, *args, family, generation=None, sequence_parallel: int = 1, pictures=None, **kwargs):
         """``generation``: ``(rows, sampling, rewards)``, held-out RL rows decoded with ``sampling`` and scored by
         ``rewards`` at every evaluation, beside the held-out loss (``eval_acc``, ``eval_reward``, per data source).
-        ``sequence_parallel``: processes sharing each row in training (``ShardedTraining``)."""
+        ``sequence_parallel``: processes sharing each row in training (``ShardedTraining``). ``pictures``: the
+        model's picture reader (``dare.models.pictures``): a batch with pictures is scored by the model handed them."""
         self.sequence_parallel = sequence_parallel
         super().__init__(*args, **kwargs)
-        self.family, self.generation = family, generation
+        self.family, self.generation, self.pictures = family, generation, pictures
         self._terms, self._terms_since = {}, 0
         self.loss_is_scaled_for_ga = True  # each micro-batch loss divides by the whole step's count (below)
 
@@ -83,6 +84,8 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         sp = self.sp if self.model.training else None  # evaluation: whole rows per process, as without SP
+        if "pixel_values" in inputs:  # the tower and projector run in every forward: they get their gradients
+            model = self.pictures.wrap(model, inputs["pixel_values"], inputs["image_sizes"], fixed=False)
         loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"], inputs["attention_mask"],
                                segment_ids=inputs.get("segment_ids"), t=inputs.get("t"), masked=inputs.get("masked"),
                                normaliser=num_items_in_batch, sp=sp, return_parts=True)
