@@ -66,6 +66,7 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
 
 def prompt_rows_from(rows: list[dict]) -> list[dict]:
     """Generated task rows (reference schema) -> the flat RL row format; refused for a visual task's rows."""
+    rows = list(rows)  # an iterator too (HumanEval's problems arrive as a map)
     if any("images" in r for r in rows):
         raise ValueError(f"task {rows[0]['data_source']}: its questions are pictures, and DARE's evaluation reads "
                          "text only (it does not feed pictures yet; LLaDA-V's model reads them)")
