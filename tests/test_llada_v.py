@@ -301,3 +301,21 @@ def test_sft_on_pictures_trains_the_tower_and_projector_and_text_families_refuse
     refused.data.path = data
     with pytest.raises(ValueError, match="holds images"):
         train_sft.main(refused)
+
+
+def test_the_picture_probe_decodes_every_held_out_picture(tmp_path, capsys):
+    """bench/probe_pictures.py on a saved tiny LLaDA-V: one answer per held-out picture, scored, with the majority
+    answer beside it; a text model is refused."""
+    import importlib.util
+
+    from dare.models import save_tiny
+
+    spec = importlib.util.spec_from_file_location("probe_pictures", "bench/probe_pictures.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    acc = probe.main(["--model", save_tiny("llada_v", tmp_path / "m"), "--questions", "6", "--gen-length", "4",
+                      "--batch", "4"])
+    out = capsys.readouterr().out
+    assert 0.0 <= acc <= 1.0 and "right on 6 held-out pictures; always answering" in out and out.count("truth") == 5
+    with pytest.raises(SystemExit, match="reads no pictures"):
+        probe.main(["--model", save_tiny("llada", tmp_path / "t"), "--questions", "2"])

@@ -1,0 +1,75 @@
+"""Does a model that reads pictures answer the held-out visual task? Greedy answers to ``task:shapes`` test pictures
+(never trained on), scored by the math reward, beside the majority answer's accuracy: a first look before the lab
+(``recipes/lab``) measures pictures with a control.
+
+    python train_sft.py --model tiny:llada_v --data.path task:shapes --data.max-length 160 --data.pad-to longest \\
+        --max-steps 1500 --learning-rate 1e-3 --per-device-train-batch-size 16 --output-dir outputs/shapes-sft
+    python bench/probe_pictures.py --model outputs/shapes-sft --questions 300
+"""
+
+import argparse
+import collections
+import math
+
+import torch
+
+from dare.data.images import load_image, picture_prompt_ids
+from dare.data.tasks import make_task
+from dare.models import load_pretrained, pictures
+from dare.models.llada_v import WithPictures
+from dare.rewards import get_reward
+from dare.sampling import SamplingConfig, generate
+
+
+def answers(model, tokenizer, family, rows, gen_length: int, batch: int) -> list[str]:
+    reader, texts = pictures(model.config), []
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        images = [load_image(r["images"][0]) for r in part]
+        inputs = reader(images)
+        ids, first = [], 0
+        for row, size in zip(part, inputs["image_sizes"].tolist(), strict=True):
+            text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            count = reader.count(size)
+            ids.append(picture_prompt_ids(tokenizer, text, [count], first))
+            first += count
+        width = max(map(len, ids))
+        prompt = torch.tensor([[family.pad_id] * (width - len(i)) + i for i in ids])
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+        config = SamplingConfig(gen_length=gen_length, steps=gen_length, temperature=0.0)
+        with torch.no_grad():
+            out = generate(WithPictures(model, inputs["pixel_values"], inputs["image_sizes"]), family, prompt, mask,
+                           config).sequences
+        texts += tokenizer.batch_decode(out, skip_special_tokens=True)
+    return texts
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a model folder (or tiny:llada_v) that reads pictures")
+    p.add_argument("--questions", type=int, default=300, help="held-out pictures (default 300)")
+    p.add_argument("--gen-length", type=int, default=16, help="answer tokens (default 16)")
+    p.add_argument("--batch", type=int, default=32, help="pictures decoded together (default 32)")
+    args = p.parse_args(argv)
+    model, tokenizer, family = load_pretrained(args.model, dtype=torch.float32)
+    if not family.pictures:
+        raise SystemExit(f"error: {args.model} is a {family.name} model, which reads no pictures")
+    rows = make_task("shapes", args.questions, seed=0, split="test")
+    texts = answers(model.eval(), tokenizer, family, rows, args.gen_length, args.batch)
+    reward = get_reward("math")
+    right = [reward(t, r["reward_model"]["ground_truth"], r["extra_info"]).acc for t, r in zip(texts, rows,
+                                                                                               strict=True)]
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    majority, count = collections.Counter(truths).most_common(1)[0]
+    n, acc = len(right), sum(right) / len(right)
+    se = math.sqrt(acc * (1 - acc) / n)
+    margin = f" ({(acc - count / n) / se:+.1f} SE)" if se else ""
+    print(f"{args.model}: {acc:.3f} ± {se:.3f} right on {n} held-out pictures; always answering {majority}: "
+          f"{count / n:.3f}{margin}")
+    for text, row in list(zip(texts, rows, strict=True))[:5]:
+        print(f"  truth {row['reward_model']['ground_truth']}: {text!r}")
+    return acc
+
+
+if __name__ == "__main__":
+    main()
