@@ -319,3 +319,39 @@ def test_the_picture_probe_decodes_every_held_out_picture(tmp_path, capsys):
     assert 0.0 <= acc <= 1.0 and "right on 6 held-out pictures; always answering" in out and out.count("truth") == 5
     with pytest.raises(SystemExit, match="reads no pictures"):
         probe.main(["--model", save_tiny("llada", tmp_path / "t"), "--questions", "2"])
+
+
+def test_the_engine_decodes_picture_prompts_in_micro_batches_as_in_one_batch():
+    """HFEngine with pictures: n samples per prompt over micro-batches of 3 rows (a prompt's samples split across
+    them) decode greedily what one batch of the model handed all the pictures decodes; the rollout keeps each row's
+    pictures (rows of a prompt share them) through select and join; a text model refuses pictures."""
+    from dare.data.images import batch_pictures, encode_pictured
+    from dare.engines import HFEngine
+    from dare.engines.base import Rollout
+    from dare.models import Family
+    from dare.models import pictures as reader_of
+    from dare.models.llada_v import WithPictures
+    from dare.sampling import SamplingConfig, generate
+
+    model, tok = tiny("llada_v")
+    family, reader = Family.from_pretrained(model.config, tok), reader_of(model.config)
+    prompts = [[{"role": "user", "content": f"<image>\nHow many {c} shapes?"}] for c in ("red", "green")]
+    shown = [[p] for p in pictures((100, 40), (28, 28))]
+    config = SamplingConfig(gen_length=6, steps=6, temperature=0.0)
+    rollout = HFEngine(model, tok, family, max_batch_size=3).generate(prompts, 2, config, seed=0, pictures=shown)
+    ids = [e for e in encode_pictured(tok, reader, prompts, shown) for _ in range(2)]
+    width = max(map(len, ids))
+    prompt = torch.tensor([[family.pad_id] * (width - len(i)) + i for i in ids])
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(i) for i in ids])[:, None]).long()
+    owners = [own for own in shown for _ in range(2)]
+    fed, inputs = batch_pictures(reader, prompt, owners)
+    with torch.no_grad():
+        alone = generate(WithPictures(model, **inputs), family, fed, mask, config).sequences
+    assert torch.equal(rollout.completion_ids, alone) and torch.equal(rollout.prompt_ids, prompt)
+    assert rollout.pictures[0] is rollout.pictures[1] is shown[0] and rollout.pictures[2] is shown[1]
+    assert rollout.select([3, 0]).pictures == [shown[1], shown[0]]
+    assert Rollout.join([rollout.select([0]), rollout.select([2])], family.pad_id).pictures == [shown[0], shown[1]]
+    text_model, text_tok = tiny("llada")
+    with pytest.raises(ValueError, match="for a model that reads pictures"):
+        HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok)).generate(
+            ["q"], 1, config, pictures=[[]])

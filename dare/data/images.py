@@ -89,6 +89,33 @@ def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) 
     return ids
 
 
+def encode_pictured(tokenizer, reader, prompts: list, pictures: list) -> list[list[int]]:
+    """``dare.data.chat.encode`` for prompts with pictures (PIL, one per ``<image>``): each ``<image>`` becomes its
+    picture's placeholders, numbered from 0 in each prompt (``batch_pictures`` renumbers them over a batch)."""
+    out = []
+    for prompt, own in zip(prompts, pictures, strict=True):
+        text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                                                                                    tokenize=False)
+        out.append(picture_prompt_ids(tokenizer, text, [reader.count((p.height, p.width)) for p in own]))
+    return out
+
+
+def batch_pictures(reader, ids, pictures: list) -> tuple:
+    """Rows' ids whose placeholders number each row's own features from 0, and each row's pictures (rows of one prompt
+    may share one list object: its features are computed once) -> the ids renumbered over the batch's distinct
+    picture lists, and the model's picture inputs for them (``reader``: ``dare.models.pictures``; none without
+    pictures)."""
+    ids, first_of, images, total = ids.clone(), {}, [], 0
+    for row, own in enumerate(pictures):
+        slots = ids[row] < 0
+        if id(own) not in first_of:
+            first_of[id(own)] = total
+            total += int(slots.sum())
+            images += own
+        ids[row, slots] -= first_of[id(own)]
+    return ids, (reader(images) if images else {})
+
+
 def holds_images(rows) -> bool:
     """Whether a ``datasets.Dataset`` has an ``images`` column with an image in it (read from the Arrow column,
     without decoding any)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .images import image_bytes, load_image, picture_prompt_ids, row_images
+from .images import batch_pictures, image_bytes, load_image, picture_prompt_ids, row_images
 from .loading import LocalDir, get_field, has_field
 
 
@@ -193,13 +193,10 @@ class SFTCollator:
 
     def pictures(self, examples: list[dict], ids: torch.Tensor) -> dict:
         """The batch's pictures in order, and each row's placeholders renumbered after the rows before it."""
-        images, first = [], 0
-        for r, e in enumerate(examples):
-            images += [load_image(x, where=f"example {r} of the batch") for x in e.get("images") or []]
-            slots = ids[r] < 0
-            ids[r, slots] -= first
-            first += int(slots.sum())
-        return self.reader(images) if images else {}
+        own = [[load_image(x, where=f"example {r} of the batch") for x in e.get("images") or []]
+               for r, e in enumerate(examples)]
+        ids[:], inputs = batch_pictures(self.reader, ids, own)
+        return inputs
 
     def pad(self, examples: list[dict]) -> dict:
         prompt = torch.tensor([e["prompt_length"] for e in examples])

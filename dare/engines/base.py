@@ -42,6 +42,9 @@ class Rollout:
     stats: dict = field(default_factory=dict)  # an algorithm's rollout metrics {name: (sum, count)}, logged
     entropy: torch.Tensor | None = None  # with record_entropy: [N, R] the entropy each token was drawn with
     replay_entropy: torch.Tensor | None = None  # block families: the same on the replay view
+    # a family that reads pictures: each row's prompt's pictures (PIL; a prompt's rows share one list), its prompt
+    # ids numbering their features from 0 (dare.data.images.batch_pictures renumbers them over a batch)
+    pictures: list | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +58,8 @@ class Rollout:
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         tensors = ("prompt_ids", "prompt_mask") + COMPLETION_SIDE
         return replace(self, **{k: pick(getattr(self, k)) for k in tensors}, texts=[self.texts[i] for i in rows],
-                       **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")})
+                       **{k: [pick(t) for t in getattr(self, k)] for k in ("states", "predictions", "confidences")},
+                       pictures=None if self.pictures is None else [self.pictures[i] for i in rows])
 
     def stopped(self, stop_ids) -> torch.Tensor:
         """``[N]`` bool: the completions that reached a stop token (the others were cut off by the length limit)."""
@@ -89,9 +93,11 @@ class Rollout:
             for name, (total, count) in part.stats.items():
                 old = stats.get(name, (0.0, 0.0))
                 stats[name] = (old[0] + total, old[1] + count)
+        pictures = None if parts[0].pictures is None else [x for p in parts for x in p.pictures]
         return replace(parts[0], prompt_ids=cat("prompt_ids", True), prompt_mask=cat("prompt_mask", True),
                        **{name: cat(name) for name in COMPLETION_SIDE}, texts=[t for p in parts for t in p.texts],
-                       nfe=sum(p.nfe for p in parts), seconds=sum(p.seconds for p in parts), stats=stats)
+                       nfe=sum(p.nfe for p in parts), seconds=sum(p.seconds for p in parts), stats=stats,
+                       pictures=pictures)
 
     def overwrite(self, rows: list[int], other: "Rollout", picks: list[int]) -> "Rollout":
         """This rollout with its rows ``rows`` replaced by ``other``'s rows ``picks`` (completions of the same prompts:

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from ..config import one_of
 from ..data.chat import left_pad
+from ..data.images import batch_pictures, encode_pictured
+from ..models import pictures as picture_reader
 from ..sampling import Generation, SamplingConfig, generate
 from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
 
@@ -57,17 +59,26 @@ class HFEngine(Engine):
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
-                 to_step: int | None = None, given: torch.Tensor | None = None) -> Rollout:
+                 to_step: int | None = None, given: torch.Tensor | None = None,
+                 pictures: list | None = None) -> Rollout:
         """``n`` completions per prompt (prompt-major). ``canvas``/``from_step``/``to_step``: resume each row's
         partial decoding (one canvas row per output row), see ``dare.sampling.generate``; the samplers only ever
         commit masked positions, so a canvas's tokens stay as given. ``given`` ``[N, R]``: the canvas positions that
-        are supplied hints rather than the policy's own tokens (inpainting), kept in ``Rollout.given``."""
+        are supplied hints rather than the policy's own tokens (inpainting), kept in ``Rollout.given``.
+        ``pictures``: each prompt's pictures (PIL, one per ``<image>``; a model that reads pictures): each
+        micro-batch's model is handed its prompts' pictures (features once), kept in ``Rollout.pictures``."""
         config = config or SamplingConfig()
         if given is not None and (canvas is None or (given.bool() & (canvas == self.family.mask_id)).any()):
             raise ValueError("given marks canvas tokens: it needs a canvas with a token at every given position")
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
-        ids = check_prompts([p for p in self.encode(prompts) for _ in range(n)])
+        reader = None if pictures is None else picture_reader(self.model.config)
+        if pictures is not None and (reader is None or len(pictures) != len(prompts)):
+            raise ValueError(f"pictures: one list per prompt ({len(prompts)}), for a model that reads pictures; got "
+                             f"{len(pictures)} for a {self.family.name} model")
+        encoded = self.encode(prompts) if reader is None else encode_pictured(self.tokenizer, reader, prompts, pictures)
+        ids = check_prompts([p for p in encoded for _ in range(n)])
+        owners = None if pictures is None else [own for own in pictures for _ in range(n)]
         parts, start = [], time.perf_counter()
         was_training = self.model.training
         self.model.eval()
@@ -82,7 +93,12 @@ class HFEngine(Engine):
                 partial = None if canvas is None else canvas[i:i + self.max_batch_size].to(device)
                 if partial is not None and len(padded) > len(rows):
                     partial = torch.cat([partial, partial[-1:].expand(len(padded) - len(rows), -1)])
-                out = generate(self.decoder, self.family, prompt_ids, prompt_mask, config, generator, partial,
+                decoder, fed = self.decoder, prompt_ids
+                if reader is not None:  # the micro-batch's prompts' pictures, their features numbered over it
+                    own = owners[i:i + self.max_batch_size]
+                    fed, inputs = batch_pictures(reader, prompt_ids, own + own[-1:] * (len(padded) - len(rows)))
+                    decoder = reader.wrap(self.decoder, **{k: v.to(device) for k, v in inputs.items()})
+                out = generate(decoder, self.family, fed, prompt_mask, config, generator, partial,
                                from_step, to_step, fixed_shapes=self.settings.compile)
                 own = slice(len(rows)), slice(wider, None)  # the micro-batch's rows and prompt columns
                 parts.append((prompt_ids[own], prompt_mask[own], first_rows(out, len(rows))))
@@ -114,7 +130,8 @@ class HFEngine(Engine):
                        seconds, steps("states"), steps("predictions"), steps("confidences"),
                        torch.cat([g.replay_ids for _, _, g in parts]) if replay else None,
                        torch.cat([g.replay_step for _, _, g in parts]) if replay else None, given=given,
-                       entropy=cat_or_none(parts, "entropy"), replay_entropy=cat_or_none(parts, "replay_entropy"))
+                       entropy=cat_or_none(parts, "entropy"), replay_entropy=cat_or_none(parts, "replay_entropy"),
+                       pictures=owners)
 
 
 RECOMPILE_LIMIT = 64  # shapes compiled per forward before dynamo falls back to eager (block caches grow per block)
