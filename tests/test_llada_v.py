@@ -322,10 +322,10 @@ def test_the_picture_probe_decodes_every_held_out_picture(tmp_path, capsys):
 
 
 def test_the_engine_decodes_picture_prompts_in_micro_batches_as_in_one_batch():
-    """HFEngine with pictures: n samples per prompt over micro-batches of 3 rows (a prompt's samples split across
-    them) decode greedily what one batch of the model handed all the pictures decodes; the rollout keeps each row's
-    pictures (rows of a prompt share them) through select and join; a text model refuses pictures."""
-    from dare.data.images import batch_pictures, encode_pictured
+    """HFEngine with ``PicturePrompt``s: n samples per prompt over micro-batches of 3 rows (a prompt's samples split
+    across them) decode greedily what one batch of the model handed all the pictures decodes; the rollout keeps each
+    row's pictures (rows of a prompt share them) through select and join; a text model refuses pictures."""
+    from dare.data.images import PicturePrompt, batch_pictures, encode_pictured
     from dare.engines import HFEngine
     from dare.engines.base import Rollout
     from dare.models import Family
@@ -335,11 +335,12 @@ def test_the_engine_decodes_picture_prompts_in_micro_batches_as_in_one_batch():
 
     model, tok = tiny("llada_v")
     family, reader = Family.from_pretrained(model.config, tok), reader_of(model.config)
-    prompts = [[{"role": "user", "content": f"<image>\nHow many {c} shapes?"}] for c in ("red", "green")]
-    shown = [[p] for p in pictures((100, 40), (28, 28))]
+    shown = [(p,) for p in pictures((100, 40), (28, 28))]
+    prompts = [PicturePrompt([{"role": "user", "content": f"<image>\nHow many {c} shapes?"}], own)
+               for c, own in zip(("red", "green"), shown, strict=True)]
     config = SamplingConfig(gen_length=6, steps=6, temperature=0.0)
-    rollout = HFEngine(model, tok, family, max_batch_size=3).generate(prompts, 2, config, seed=0, pictures=shown)
-    ids = [e for e in encode_pictured(tok, reader, prompts, shown) for _ in range(2)]
+    rollout = HFEngine(model, tok, family, max_batch_size=3).generate(prompts, 2, config, seed=0)
+    ids = [e for e in encode_pictured(tok, reader, prompts) for _ in range(2)]
     width = max(map(len, ids))
     prompt = torch.tensor([[family.pad_id] * (width - len(i)) + i for i in ids])
     mask = (torch.arange(width)[None] >= torch.tensor([width - len(i) for i in ids])[:, None]).long()
@@ -352,6 +353,6 @@ def test_the_engine_decodes_picture_prompts_in_micro_batches_as_in_one_batch():
     assert rollout.select([3, 0]).pictures == [shown[1], shown[0]]
     assert Rollout.join([rollout.select([0]), rollout.select([2])], family.pad_id).pictures == [shown[0], shown[1]]
     text_model, text_tok = tiny("llada")
-    with pytest.raises(ValueError, match="for a model that reads pictures"):
+    with pytest.raises(ValueError, match="for a llada model, which reads none"):
         HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok)).generate(
-            ["q"], 1, config, pictures=[[]])
+            [PicturePrompt("q", ())], 1, config)

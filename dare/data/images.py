@@ -10,6 +10,7 @@ folder unless absolute) or a ``data:image/...;base64,...`` URI (jsonl rows writt
 import base64
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 IMAGE = "<image>"  # where an image stands in a prompt (LLaVA's and LLaDA-V's placeholder)
@@ -89,14 +90,28 @@ def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) 
     return ids
 
 
-def encode_pictured(tokenizer, reader, prompts: list, pictures: list) -> list[list[int]]:
-    """``dare.data.chat.encode`` for prompts with pictures (PIL, one per ``<image>``): each ``<image>`` becomes its
+@dataclass(frozen=True, eq=False)
+class PicturePrompt:
+    """A prompt (text or chat messages) with its pictures (PIL, one per ``<image>``, in order): what the engines
+    decode and the rollouts keep, passed through algorithms and trainers like any prompt."""
+
+    prompt: str | list
+    pictures: tuple
+
+
+def encode_pictured(tokenizer, reader, prompts: list) -> list[list[int]]:
+    """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s: each ``<image>`` becomes its
     picture's placeholders, numbered from 0 in each prompt (``batch_pictures`` renumbers them over a batch)."""
+    from .chat import encode
+
     out = []
-    for prompt, own in zip(prompts, pictures, strict=True):
-        text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
-                                                                                    tokenize=False)
-        out.append(picture_prompt_ids(tokenizer, text, [reader.count((p.height, p.width)) for p in own]))
+    for prompt in prompts:
+        if not isinstance(prompt, PicturePrompt):
+            out += encode(tokenizer, [prompt])
+            continue
+        text = prompt.prompt if isinstance(prompt.prompt, str) else tokenizer.apply_chat_template(
+            prompt.prompt, add_generation_prompt=True, tokenize=False)
+        out.append(picture_prompt_ids(tokenizer, text, [reader.count((p.height, p.width)) for p in prompt.pictures]))
     return out
 
 

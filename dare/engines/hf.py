@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..config import one_of
 from ..data.chat import left_pad
-from ..data.images import batch_pictures, encode_pictured
+from ..data.images import PicturePrompt, batch_pictures, encode_pictured
 from ..models import pictures as picture_reader
 from ..sampling import Generation, SamplingConfig, generate
 from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
@@ -59,26 +59,25 @@ class HFEngine(Engine):
 
     def generate(self, prompts: list, n: int = 1, config: SamplingConfig | None = None,
                  seed: int | None = None, canvas: torch.Tensor | None = None, from_step: int = 0,
-                 to_step: int | None = None, given: torch.Tensor | None = None,
-                 pictures: list | None = None) -> Rollout:
+                 to_step: int | None = None, given: torch.Tensor | None = None) -> Rollout:
         """``n`` completions per prompt (prompt-major). ``canvas``/``from_step``/``to_step``: resume each row's
         partial decoding (one canvas row per output row), see ``dare.sampling.generate``; the samplers only ever
         commit masked positions, so a canvas's tokens stay as given. ``given`` ``[N, R]``: the canvas positions that
         are supplied hints rather than the policy's own tokens (inpainting), kept in ``Rollout.given``.
-        ``pictures``: each prompt's pictures (PIL, one per ``<image>``; a model that reads pictures): each
-        micro-batch's model is handed its prompts' pictures (features once), kept in ``Rollout.pictures``."""
+        A ``PicturePrompt`` (a model that reads pictures) hands each micro-batch's model its prompts' pictures
+        (features once); ``Rollout.pictures`` keeps each row's."""
         config = config or SamplingConfig()
         if given is not None and (canvas is None or (given.bool() & (canvas == self.family.mask_id)).any()):
             raise ValueError("given marks canvas tokens: it needs a canvas with a token at every given position")
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
-        reader = None if pictures is None else picture_reader(self.model.config)
-        if pictures is not None and (reader is None or len(pictures) != len(prompts)):
-            raise ValueError(f"pictures: one list per prompt ({len(prompts)}), for a model that reads pictures; got "
-                             f"{len(pictures)} for a {self.family.name} model")
-        encoded = self.encode(prompts) if reader is None else encode_pictured(self.tokenizer, reader, prompts, pictures)
+        pictured = any(isinstance(p, PicturePrompt) for p in prompts)
+        reader = picture_reader(self.model.config) if pictured else None
+        if pictured and reader is None:
+            raise ValueError(f"prompts with pictures, for a {self.family.name} model, which reads none")
+        encoded = encode_pictured(self.tokenizer, reader, prompts) if pictured else self.encode(prompts)
         ids = check_prompts([p for p in encoded for _ in range(n)])
-        owners = None if pictures is None else [own for own in pictures for _ in range(n)]
+        owners = [getattr(p, "pictures", ()) for p in prompts for _ in range(n)] if pictured else None
         parts, start = [], time.perf_counter()
         was_training = self.model.training
         self.model.eval()
