@@ -13,35 +13,19 @@ import math
 
 import torch
 
-from dare.data.images import load_image, picture_prompt_ids
+from dare.data.images import PicturePrompt, load_image
 from dare.data.tasks import make_task
-from dare.models import load_pretrained, pictures
-from dare.models.llada_v import WithPictures
+from dare.engines import HFEngine
+from dare.models import load_pretrained
 from dare.rewards import get_reward
-from dare.sampling import SamplingConfig, generate
+from dare.sampling import SamplingConfig
 
 
 def answers(model, tokenizer, family, rows, gen_length: int, batch: int) -> list[str]:
-    reader, texts = pictures(model.config), []
-    for start in range(0, len(rows), batch):
-        part = rows[start:start + batch]
-        images = [load_image(r["images"][0]) for r in part]
-        inputs = reader(images)
-        ids, first = [], 0
-        for row, size in zip(part, inputs["image_sizes"].tolist(), strict=True):
-            text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-            count = reader.count(size)
-            ids.append(picture_prompt_ids(tokenizer, text, [count], first))
-            first += count
-        width = max(map(len, ids))
-        prompt = torch.tensor([[family.pad_id] * (width - len(i)) + i for i in ids])
-        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
-        config = SamplingConfig(gen_length=gen_length, steps=gen_length, temperature=0.0)
-        with torch.no_grad():
-            out = generate(WithPictures(model, inputs["pixel_values"], inputs["image_sizes"]), family, prompt, mask,
-                           config).sequences
-        texts += tokenizer.batch_decode(out, skip_special_tokens=True)
-    return texts
+    """Greedy answers (up to the first stop token) through the hf engine, each prompt with its picture."""
+    prompts = [PicturePrompt(r["prompt"], tuple(load_image(i) for i in r["images"])) for r in rows]
+    config = SamplingConfig(gen_length=gen_length, steps=gen_length, temperature=0.0)
+    return HFEngine(model, tokenizer, family, max_batch_size=batch).generate(prompts, 1, config, seed=0).texts
 
 
 def main(argv=None):
