@@ -317,6 +317,8 @@ def test_the_picture_probe_decodes_every_held_out_picture(tmp_path, capsys):
                       "--batch", "4"])
     out = capsys.readouterr().out
     assert 0.0 <= acc <= 1.0 and "right on 6 held-out pictures; always answering" in out and out.count("truth") == 5
+    probe.main(["--model", str(tmp_path / "m"), "--questions", "3", "--gen-length", "4", "--wrong-pictures"])
+    assert "right on 3 the next question's pictures" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="reads no pictures"):
         probe.main(["--model", save_tiny("llada", tmp_path / "t"), "--questions", "2"])
 
