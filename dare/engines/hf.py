@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from ..config import one_of
 from ..data.chat import left_pad
 from ..data.images import PicturePrompt, batch_pictures, encode_pictured
-from ..models import pictures as picture_reader
 from ..sampling import Generation, SamplingConfig, generate
 from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
 
@@ -72,6 +71,8 @@ class HFEngine(Engine):
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         pictured = any(isinstance(p, PicturePrompt) for p in prompts)
+        if pictured:  # here, not at the top: --help imports the engines, and dare.models imports transformers
+            from ..models import pictures as picture_reader
         reader = picture_reader(self.model.config) if pictured else None
         if pictured and reader is None:
             raise ValueError(f"prompts with pictures, for a {self.family.name} model, which reads none")
