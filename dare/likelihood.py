@@ -120,9 +120,9 @@ def completion_logits(model, family, batch, noisy: torch.Tensor, positions: torc
     right, its first token from that causal reading (``_causal_context_logits``)."""
     prompt, completion = batch["prompt_ids"], batch["completion_ids"]
     attention = batch_attention(family, batch)
-    keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
     if family.causal_block is not None:
         return _causal_context_logits(model, family, batch, noisy, attention, positions)
+    keep = completion.shape[1] if positions is None else positions + prompt.shape[1]
     clean = torch.cat([prompt, completion], dim=1) if family.is_block_diffusion else None
     if family.is_block_diffusion:
         noisy, clean, attention = whole_blocks(family, noisy, clean, attention)

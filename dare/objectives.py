@@ -81,10 +81,12 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
 
     clean = input_ids if family.is_block_diffusion or recipe.causal_loss else None
     padding = attention_mask if segment_ids is None else None
-    targets = torch.zeros_like(loss_mask)  # the causal loss's targets: trained positions after the first
-    targets[:, 1:] = loss_mask[:, 1:] if recipe.causal_loss else False
+    reads = {}
+    if recipe.causal_loss:  # its targets: the trained positions after the first, each read at the position before
+        targets = torch.zeros_like(loss_mask)
+        targets[:, 1:] = loss_mask[:, 1:]
+        reads = {"clean_keep": targets.roll(-1, 1)}
     if sp is None:  # the masked positions' logits only: the output layer and the logits skip every other position
-        reads = {} if not recipe.causal_loss else {"clean_keep": targets.roll(-1, 1)}  # position i-1 predicts i
         logits = family.logits(model, noisy, padding, clean_ids=clean, segment_ids=segment_ids, keep=masked, **reads)
         logits, causal = logits if recipe.causal_loss else (logits, None)
         mine = masked
@@ -123,9 +125,9 @@ def sft_loss(model, family, input_ids: torch.Tensor, loss_mask: torch.Tensor,
         ce = F.cross_entropy(causal.float(), input_ids[targets], reduction="none")
         causal_token = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         causal_token = causal_token.index_put((targets,), ce)
-        parts["causal_loss"] = causal_token.sum() / normaliser[1].clamp(min=1)
-        loss = loss + parts["causal_loss"]
-        parts["causal_loss"], parts["causal_token_loss"] = parts["causal_loss"].detach(), causal_token.detach()
+        causal_term = causal_token.sum() / normaliser[1].clamp(min=1)
+        loss = loss + causal_term
+        parts.update(causal_loss=causal_term.detach(), causal_token_loss=causal_token.detach())
     return (loss, parts) if return_parts else loss
 
 

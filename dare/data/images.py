@@ -62,17 +62,23 @@ def image_base(path: str | None) -> Path | None:
     return local if local.is_dir() else local.parent
 
 
-def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "row") -> list:
-    """The images of ``row`` as RGB ``PIL.Image``s, checked against the ``<image>`` placeholders of its ``prompt``
-    text (one image each, in order)."""
+def row_image_bytes(row: dict, base: Path | None = None, where: str = "row") -> list[bytes]:
+    """The encoded bytes of ``row``'s image entries (files read once), in order."""
     entries = row.get("images") or []
     if not isinstance(entries, (list, tuple)):
         entries = [entries]
+    return [image_bytes(e, base, f"{where} image {i}") for i, e in enumerate(entries)]
+
+
+def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "row") -> list:
+    """The images of ``row`` as RGB ``PIL.Image``s, checked against the ``<image>`` placeholders of its ``prompt``
+    text (one image each, in order)."""
+    raw = row_image_bytes(row, base, where)
     wanted = prompt.count(IMAGE)
-    if wanted != len(entries):
-        raise ValueError(f"{where}: the prompt has {wanted} {IMAGE} placeholder(s) but the row holds {len(entries)} "
+    if wanted != len(raw):
+        raise ValueError(f"{where}: the prompt has {wanted} {IMAGE} placeholder(s) but the row holds {len(raw)} "
                          "image(s)")
-    return [load_image(e, base, f"{where} image {i}") for i, e in enumerate(entries)]
+    return [load_image(b, where=f"{where} image {i}") for i, b in enumerate(raw)]
 
 
 def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) -> list[int]:

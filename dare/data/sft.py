@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .images import batch_pictures, image_bytes, load_image, picture_prompt_ids, row_images
+from .images import batch_pictures, load_image, picture_prompt_ids, row_image_bytes, row_images
 from .loading import LocalDir, get_field, has_field
 
 
@@ -148,9 +148,11 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig, reader=Non
                                                    return_dict=True)["input_ids"]
     else:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        images = row_images(row, text, base, f"a row of prompt {text[:60]!r}")
+        where = f"a row of prompt {text[:60]!r}"
+        raw = row_image_bytes(row, base, where)  # kept as bytes: the collator decodes them again
+        images = row_images({"images": raw}, text, where=where)
         prompt_ids = picture_prompt_ids(tokenizer, text, [reader.count((i.height, i.width)) for i in images])
-        extra = {"images": [image_bytes(x, base) for x in row.get("images") or []]}  # read, checked: bytes
+        extra = {"images": raw}
     turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + turn_end + [family.eos_id]
     excess = len(prompt_ids) + len(response_ids) - config.max_length
@@ -189,14 +191,13 @@ class SFTCollator:
                 raise ValueError("data.pack does not take pictures: unset it")
             return self.pack(examples)
         batch = self.pad(examples)
-        return {**batch, **self.pictures(examples, batch["input_ids"])} if self.reader is not None else batch
-
-    def pictures(self, examples: list[dict], ids: torch.Tensor) -> dict:
-        """The batch's pictures in order, and each row's placeholders renumbered after the rows before it."""
+        if self.reader is None:
+            return batch
+        # the batch's pictures in order, each row's placeholders renumbered after the rows before it
         own = [[load_image(x, where=f"example {r} of the batch") for x in e.get("images") or []]
                for r, e in enumerate(examples)]
-        ids[:], inputs = batch_pictures(self.reader, ids, own)
-        return inputs
+        batch["input_ids"], inputs = batch_pictures(self.reader, batch["input_ids"], own)
+        return {**batch, **inputs}
 
     def pad(self, examples: list[dict]) -> dict:
         prompt = torch.tensor([e["prompt_length"] for e in examples])
