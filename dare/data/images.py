@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .chat import encode
+
 IMAGE = "<image>"  # where an image stands in a prompt (LLaVA's and LLaDA-V's placeholder)
 _URI = re.compile(r"data:image/[\w.+-]+;base64,(.*)", re.S)
 
@@ -108,8 +110,6 @@ class PicturePrompt:
 def encode_pictured(tokenizer, reader, prompts: list) -> list[list[int]]:
     """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s: each ``<image>`` becomes its
     picture's placeholders, numbered from 0 in each prompt (``batch_pictures`` renumbers them over a batch)."""
-    from .chat import encode
-
     out = []
     for prompt in prompts:
         if not isinstance(prompt, PicturePrompt):
