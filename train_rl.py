@@ -151,6 +151,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
     """The ``rl`` trainer: prompts, rewards, the rollout's decoding and its engine, checked; TrainingArguments."""
     from dare.data.rl import fitting_prompts
     from dare.likelihood import check_scoring
+    from dare.models import pictures
     from dare.models.loading import max_positions
     from dare.rewards.routing import RewardRouter
     from dare.trainers.flags import batch_shape
@@ -159,9 +160,13 @@ def online(args: Args, config, tokenizer, family) -> partial:
 
     algo, engine, positions = args.algo_config, get_engine(args.rollout_engine), max_positions(config)
     rewards = RewardRouter(args.rewards)
-    train, longest = fitting_prompts(tokenizer, args.data.path, args.data.split, args.data, args.data.limit)
+    reader = pictures(config) if family.pictures else None  # LLaDA-V: prompts may hold pictures
+    if reader is not None and (args.pack or args.sequence_parallel > 1 or engine.name != "hf" or algo.needs_value):
+        raise ValueError(f"{family.name} reads pictures: pack, sequence_parallel > 1, a value model and rollout "
+                         "engines other than hf do not take them yet: unset them")
+    train, longest = fitting_prompts(tokenizer, args.data.path, args.data.split, args.data, args.data.limit, reader)
     evaluation, longest_eval = (fitting_prompts(tokenizer, args.data.eval_path, args.data.eval_split, args.data,
-                                                args.data.eval_limit) if args.data.eval_path else (None, 0))
+                                                args.data.eval_limit, reader) if args.data.eval_path else (None, 0))
     rewards.check({r["data_source"] for r in train + (evaluation or [])})
     rewards.check_rows(train + (evaluation or []))
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
@@ -184,7 +189,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
                    rollout_batch_size=args.rollout_batch_size, reward_workers=args.reward_workers,
                    log_completions=args.log_completions, console=args.console,
                    sequence_parallel=args.sequence_parallel, pack=args.pack, engine=server,
-                   truncated_is_wrong=args.truncated_is_wrong, rollout_mode=args.rollout_mode)
+                   truncated_is_wrong=args.truncated_is_wrong, rollout_mode=args.rollout_mode, pictures=reader)
 
 
 def preference(args: Args, config, tokenizer, family) -> partial:

@@ -358,3 +358,75 @@ def test_the_engine_decodes_picture_prompts_in_micro_batches_as_in_one_batch():
     with pytest.raises(ValueError, match="for a llada model, which reads none"):
         HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok)).generate(
             [PicturePrompt("q", ())], 1, config)
+
+
+def test_a_micro_batch_handed_only_its_rows_pictures_reads_them_as_the_whole_batch():
+    """A rollout numbers its placeholders over all its pictures (``number_pictures``); a micro-batch of its rows is
+    handed only the pictures those rows use, with ``picture_at`` (their features' numbers in the rollout): its logits
+    equal the whole batch's on those rows, with features computed once or at every call (gradients). Without
+    ``picture_at`` the same features fill the wrong placeholders (control)."""
+    from dare.data.images import PicturePrompt, encode_pictured, number_pictures, used_pictures
+    from dare.models import pictures as reader_of
+    from dare.models.llada_v import WithPictures
+
+    model, tok = tiny("llada_v")
+    model.eval()
+    reader = reader_of(model.config)
+    shown = [(p,) for p in pictures((100, 40), (28, 28), (40, 100))]
+    prompts = [PicturePrompt(f"<image>\nHow many shapes of kind {k}?", own) for k, own in enumerate(shown)]
+    ids = encode_pictured(tok, reader, prompts)
+    width = max(map(len, ids))
+    batch = torch.tensor([[0] * (width - len(i)) + i for i in ids])
+    owners = list(shown)
+    numbered, lists = number_pictures(batch, owners)
+    assert [(first, count) for first, count, _ in lists] == [(0, reader.count((40, 100))),
+                                                               (reader.count((40, 100)), reader.count((28, 28))),
+                                                               (reader.count((40, 100)) + reader.count((28, 28)),
+                                                                reader.count((100, 40)))]
+    with torch.no_grad():
+        whole = WithPictures(model, **reader([p for _, _, own in lists for p in own]))(numbered).logits
+        part = numbered[1:]
+        inputs = used_pictures(reader, part, lists)
+        assert inputs["pixel_values"].shape[0] == 2 and inputs["picture_at"][0] == lists[1][0]
+        for fixed in (True, False):
+            torch.testing.assert_close(WithPictures(model, fixed=fixed, **inputs)(part).logits, whole[1:])
+        inputs.pop("picture_at")
+        with pytest.raises(ValueError, match="names picture feature"):
+            WithPictures(model, **inputs)(part)
+    assert used_pictures(reader, torch.tensor([[5, 6]]), lists) == {}
+
+
+def test_rl_on_pictures_trains_the_tower_alike_for_any_micro_batch_and_text_families_refuse_them(tmp_path):
+    """train_rl.py (d1: its prompt masking draws on the whole batch) on the visual task with tiny:llada_v: one SGD
+    step with one micro-batch of 8 or four of 2 moves the weights alike, the tower and projector included (their
+    gradients came through the pictures); inner iterations and a KL reference score old and reference log-probs
+    through the pictures; a text family, packing and another engine refuse before loading weights."""
+    import train_rl
+    from dare.data.tasks import write_task
+    from dare.models import load_pretrained
+
+    data = write_task("shapes", str(tmp_path / "shapes.parquet"), 16)
+    start = tiny("llada_v")[0].state_dict()
+
+    def run(name, **kw):
+        kw = dict(model="tiny:llada_v", output_dir=str(tmp_path / name), max_steps=1, prompts_per_step=2,
+                  num_generations=4, save_steps=1, optim="sgd", learning_rate=1.0,
+                  rewards=["dare_test_rewards.length"]) | kw
+        args = train_rl.args_class("d1")(**kw)
+        args.data.path, args.rollout.gen_length, args.rollout.temperature = data, 8, 1.0
+        return args
+
+    for name, size in (("one", 8), ("four", 2)):
+        train_rl.main(run(name, micro_batch_size=size))
+    one, four = (load_pretrained(str(tmp_path / name))[0].state_dict() for name in ("one", "four"))
+    for key in ("model.vision_tower.vision_tower.vision_model.embeddings.patch_embedding.weight",
+                "model.mm_projector.0.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert (one[key] - start[key]).abs().max() > 1e-4, key
+    assert all(torch.allclose(one[k], four[k], atol=1e-6) for k in one)
+    inner = run("inner", micro_batch_size=4, max_steps=2, save_steps=2)
+    inner.algo_config.num_iterations, inner.algo_config.beta = 2, 0.1
+    train_rl.main(inner)
+    for refused, match in ((run("text", model="tiny:llada"), "holds images"), (run("packed", pack=1), "reads pictures"),
+                           (run("served", rollout_engine="sglang"), "reads pictures")):
+        with pytest.raises(ValueError, match=match):
+            train_rl.main(refused)

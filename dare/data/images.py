@@ -126,15 +126,46 @@ def batch_pictures(reader, ids, pictures: list) -> tuple:
     may share one list object: its features are computed once) -> the ids renumbered over the batch's distinct
     picture lists, and the model's picture inputs for them (``reader``: ``dare.models.pictures``; none without
     pictures)."""
-    ids, first_of, images, total = ids.clone(), {}, [], 0
+    ids, lists = number_pictures(ids, pictures)
+    return ids, reader([p for _, _, own in lists for p in own]) if lists else {}
+
+
+def number_pictures(ids, pictures: list) -> tuple:
+    """``batch_pictures`` without reading: the renumbered ids and the distinct picture lists as ``(first feature,
+    features, pictures)`` in feature order (what ``used_pictures`` takes)."""
+    ids, first_of, lists, total = ids.clone(), {}, [], 0
     for row, own in enumerate(pictures):
         slots = ids[row] < 0
         if id(own) not in first_of:
             first_of[id(own)] = total
-            total += int(slots.sum())
-            images += own
+            count = int(slots.sum())
+            if count:
+                lists.append((total, count, own))
+            total += count
         ids[row, slots] -= first_of[id(own)]
-    return ids, (reader(images) if images else {})
+    return ids, lists
+
+
+def used_pictures(reader, ids, lists: list) -> dict:
+    """The model's picture inputs for rows ``ids`` of a batch numbered by ``number_pictures`` (a micro-batch of a
+    rollout, whose ids may sit in several tensors: they stay as they are): the pictures those rows use, and
+    ``picture_at``, the batch's numbers of their features (none if they use none)."""
+    import torch
+
+    feature, images, at = -ids - 1, [], []
+    for first, count, own in lists:
+        if bool(((ids < 0) & (feature >= first) & (feature < first + count)).any()):
+            images += own
+            at.append(torch.arange(first, first + count))
+    return {**reader(images), "picture_at": torch.cat(at)} if images else {}
+
+
+def pictured_prompt(row: dict):
+    """What an engine decodes for an RL or benchmark row: its prompt, with its pictures (``row["images"]``, encoded
+    bytes) as a ``PicturePrompt`` when it has any."""
+    if not row.get("images"):
+        return row["prompt"]
+    return PicturePrompt(row["prompt"], tuple(load_image(b) for b in row["images"]))
 
 
 def holds_images(rows) -> bool:

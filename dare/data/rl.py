@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
+from .images import IMAGE, encode_pictured, image_base, load_image, pictured_prompt, row_image_bytes
 from .loading import LocalDir, get_field, has_field, load_rows
 from .sft import as_messages
 
@@ -40,11 +41,14 @@ class RLDataConfig:
     strict: bool = False  # refuse a file with a row the reward cannot score (default: drop such rows and say so)
 
 
-def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None = None) -> list[dict]:
-    """Rows of one source, or of several joined by commas (``a.parquet,b.parquet``), in order."""
+def prompt_rows(path: str, split: str, config: RLDataConfig, limit: int | None = None,
+                images: bool = False) -> list[dict]:
+    """Rows of one source, or of several joined by commas (``a.parquet,b.parquet``), in order. ``images``: rows may
+    hold pictures (a model that reads them): a row's ``images`` become their encoded bytes, checked readable and one
+    per ``<image>`` of its prompt (``dare.data.images``); otherwise such rows are refused."""
     out = []
     for part in path.split(","):
-        out += _rows(part.strip(), split, config)
+        out += _rows(part.strip(), split, config, images)
     return out[:limit] if limit else out
 
 
@@ -62,9 +66,10 @@ def answer_key(row: dict, config: RLDataConfig) -> str:
     return found
 
 
-def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
+def _rows(path: str, split: str, config: RLDataConfig, images: bool = False) -> list[dict]:
     out, dropped = [], defaultdict(list)
-    rows = load_rows(path, split, config.local_dir)
+    rows = load_rows(path, split, config.local_dir, images=images)
+    base = image_base(path) if images else None
     try:
         answer = answer_key(rows[0], config)
     except ValueError as e:
@@ -75,7 +80,8 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
             truth = get_field(row, answer)
             prompt = as_messages(get_field(row, config.prompt_key), config.system_prompt)
             source = str(get_field(row, config.source_key)) if sourced else "default"
-        except (KeyError, ValueError) as e:
+            pictures = checked_pictures(row, prompt, base, f"row {i}") if images else []
+        except (KeyError, ValueError, FileNotFoundError) as e:
             raise ValueError(f"{path}, row {i}: {e}") from None
         extra = (row.get(config.extra_key) if config.extra_key else None) or {}
         why = unscorable(truth, source, {**extra, "prompt": prompt})
@@ -86,6 +92,8 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
             dropped[why].append(i)
             continue
         row = {"prompt": prompt, "ground_truth": str(truth), "data_source": source, "extra_info": extra}
+        if pictures:
+            row["images"] = pictures
         out.append(instruct(row, config.answer_instruction))
     if dropped:
         count = sum(map(len, dropped.values()))
@@ -93,6 +101,18 @@ def _rows(path: str, split: str, config: RLDataConfig) -> list[dict]:
         reasons = "; ".join(f"{len(rows)} {why} (rows {listed(rows)})" for why, rows in dropped.items())
         print(f"{path}: dropped {count} of {len(out) + count} rows the reward cannot score: {reasons}")
     return out
+
+
+def checked_pictures(row: dict, prompt: list, base, where: str) -> list[bytes]:
+    """The encoded bytes of ``row``'s pictures, each readable, one per ``<image>`` of its ``prompt`` messages."""
+    pictures = row_image_bytes(row, base, where)
+    text = "".join(m["content"] for m in prompt if isinstance(m.get("content"), str))
+    if text.count(IMAGE) != len(pictures):
+        raise ValueError(f"the prompt has {text.count(IMAGE)} {IMAGE} placeholder(s) but the row holds "
+                         f"{len(pictures)} image(s)")
+    for k, data in enumerate(pictures):
+        load_image(data, where=f"{where} image {k}")
+    return pictures
 
 
 def instruct(row: dict, mode: str = "auto") -> dict:
@@ -111,14 +131,13 @@ def instruct(row: dict, mode: str = "auto") -> dict:
     return {**row, "prompt": prompt}
 
 
-def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig,
-                    limit: int | None) -> tuple[list[dict], int]:
-    """The rows of ``path`` whose prompt fits ``config.max_prompt_length`` tokens (chat template applied; the others
-    dropped and counted), and the longest of them."""
-    from .chat import encode
-
-    rows = prompt_rows(path, split, config, limit)
-    lengths = [len(ids) for ids in encode(tokenizer, [r["prompt"] for r in rows])]
+def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig, limit: int | None,
+                    reader=None) -> tuple[list[dict], int]:
+    """The rows of ``path`` whose prompt fits ``config.max_prompt_length`` tokens (chat template applied, a picture
+    counted as the placeholders it takes: ``reader``, ``dare.models.pictures``, of a model that reads pictures; the
+    others dropped and counted), and the longest of them."""
+    rows = prompt_rows(path, split, config, limit, images=reader is not None)
+    lengths = [len(ids) for ids in encode_pictured(tokenizer, reader, [pictured_prompt(r) for r in rows])]
     kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= config.max_prompt_length]
     if len(kept) < len(rows):
         print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "

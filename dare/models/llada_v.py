@@ -140,11 +140,12 @@ class LLaDAVModelLM(DiffusionLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def embed(self, input_ids, pixel_values=None, image_sizes=None, image_embeds=None):
+    def embed(self, input_ids, pixel_values=None, image_sizes=None, image_embeds=None, picture_at=None):
         """Token embeddings with the pictures' features in their placeholders: id ``-(j + 1)`` stands for feature j
         of the batch's pictures (``placeholders``), so rows may be repeated, reordered or subset freely. The features
         are ``image_embeds`` ``[F, hidden]`` (computed once, e.g. for every step of a decoding) or those of
-        ``pixel_values`` / ``image_sizes`` (``image_processor``'s), the pictures' packed features in order."""
+        ``pixel_values`` / ``image_sizes`` (``image_processor``'s), the pictures' packed features in order;
+        ``picture_at``: the batch's feature numbers of those given (the rest of the batch's pictures left out)."""
         slots = input_ids < 0
         h = self.model.embed_tokens(input_ids.clamp(min=0))
         given = pixel_values is not None or image_embeds is not None
@@ -154,18 +155,29 @@ class LLaDAVModelLM(DiffusionLM):
                                  "(pixel_values or image_embeds)")
             return h
         if image_embeds is None:
-            image_embeds = torch.cat(self.model.image_features(pixel_values, image_sizes))
+            image_embeds = self.picture_features(pixel_values, image_sizes)
         index = -input_ids[slots] - 1
+        if picture_at is not None and index.numel():  # the features given are a larger batch's features picture_at
+            lookup = torch.full((max(int(index.max()), int(picture_at.max())) + 1,), len(image_embeds),
+                                device=index.device)
+            lookup[picture_at.to(index.device)] = torch.arange(len(picture_at), device=index.device)
+            index = lookup[index]
         if index.numel() and int(index.max()) >= len(image_embeds):
             raise ValueError(f"llava_llada: a placeholder names picture feature {int(index.max())} of "
                              f"{len(image_embeds)}")
         return h.index_put((slots,), image_embeds[index].to(h.dtype))
 
+    def picture_features(self, pixel_values, image_sizes) -> torch.Tensor:
+        """The pictures' packed features ``[F, hidden]`` in order (``embed``'s ``image_embeds``)."""
+        return torch.cat(self.model.image_features(pixel_values, image_sizes))
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                use_cache=False, logits_to_keep=0, pixel_values=None, image_sizes=None, image_embeds=None, **kwargs):
+                use_cache=False, logits_to_keep=0, pixel_values=None, image_sizes=None, image_embeds=None,
+                picture_at=None, **kwargs):
         """``DiffusionLM.forward``; ids holding picture placeholders read ``pixel_values`` or ``image_embeds``."""
         if input_ids is not None and inputs_embeds is None:
-            inputs_embeds, input_ids = self.embed(input_ids, pixel_values, image_sizes, image_embeds), None
+            inputs_embeds = self.embed(input_ids, pixel_values, image_sizes, image_embeds, picture_at)
+            input_ids = None
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                                logits_to_keep=logits_to_keep, **kwargs)
@@ -177,14 +189,17 @@ class WithPictures(nn.Module):
     are computed once, without gradients (decoding, scoring under no_grad); otherwise at every call, so the tower and
     projector get their gradients. Everything else (config, parameters, modes) is the model's."""
 
-    def __init__(self, model, pixel_values, image_sizes, fixed: bool = True):
+    def __init__(self, model, pixel_values, image_sizes, fixed: bool = True, picture_at=None):
         super().__init__()
         self.model = model
         if fixed:
-            with torch.no_grad():
-                self.pictures = {"image_embeds": torch.cat(model.model.image_features(pixel_values, image_sizes))}
+            with torch.no_grad():  # through DDP, PEFT and torch.compile wrappers alike
+                features = getattr(model, "module", model).picture_features(pixel_values, image_sizes)
+            self.pictures = {"image_embeds": features}
         else:
             self.pictures = {"pixel_values": pixel_values, "image_sizes": image_sizes}
+        if picture_at is not None:
+            self.pictures["picture_at"] = picture_at
 
     def forward(self, input_ids=None, **kwargs):
         return self.model(input_ids=input_ids, **self.pictures, **kwargs)
@@ -211,8 +226,9 @@ class PictureReader:
     def count(self, size) -> int:
         return feature_count(self.config, size)
 
-    def wrap(self, model, pixel_values, image_sizes, fixed: bool = True):
-        return WithPictures(model, pixel_values, image_sizes, fixed)
+    def wrap(self, model, pixel_values, image_sizes, fixed: bool = True, picture_at=None):
+        """``model`` handed these pictures (``WithPictures``; ``picture_at``: ``LLaDAVModelLM.embed``'s)."""
+        return WithPictures(model, pixel_values, image_sizes, fixed, picture_at)
 
 
 def placeholders(first: int, count: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ not depend on how the mini-batch is split. Rollout and noise seeds derive from (
 iteration, rank), so a resumed run replays exactly.
 """
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -29,6 +30,7 @@ from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from transformers import Trainer
 
+from ..data.images import number_pictures, pictured_prompt, used_pictures
 from ..engines import InProcessEngine
 from ..engines.base import Rollout, decode_completions
 from ..rewards.base import RewardResult
@@ -110,11 +112,11 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                  sampling, num_generations: int, eval_rows: list[dict] | None = None, eval_sampling=None,
                  rollout_batch_size: int = 64, reward_workers: int = 8, log_completions: int = 0,
                  console: str = "compact", sequence_parallel: int = 1, engine=None, pack: int = 0,
-                 truncated_is_wrong: bool = False, rollout_mode: str = "sync"):
+                 truncated_is_wrong: bool = False, rollout_mode: str = "sync", pictures=None):
         self.sequence_parallel = sequence_parallel  # the scoring passes' (ShardedTraining); rollouts run whole
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows or None,
                          data_collator=lambda rows: rows, processing_class=processing_class, console=console)
-        self.algorithm, self.family, self.rewards = algorithm, family, rewards
+        self.algorithm, self.family, self.rewards, self.pictures = algorithm, family, rewards, pictures
         self.scoring_family = self.scoring(family, pack)
         self.sampling, self.eval_sampling = sampling, eval_sampling
         self.streams = algorithm.streams(family, sampling)
@@ -179,7 +181,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                 label = f"rollout {index + 1}" + (f" round {rounds + 1}" if rounds else "") + \
                     f" ({len(expanded)} completions)"
                 with RolloutProgress(label, policy, self.is_world_process_zero()):
-                    rollout = algo.rollout(engine, [r["prompt"] for r in batch_rows], G, self.sampling,
+                    rollout = algo.rollout(engine, [pictured_prompt(r) for r in batch_rows], G, self.sampling,
                                            self._seed("rollout", index, *([rounds] if rounds else [])),
                                            rows=batch_rows, score=score)
                 scored = time.perf_counter()
@@ -237,6 +239,10 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         rollout, expanded, results = decoded.rollout, decoded.rows, decoded.results
         scored = time.perf_counter()
         device = rollout.completion_ids.device
+        lists = None
+        if rollout.pictures is not None:  # placeholders numbered over the batch's pictures: rows follow make_batch
+            ids, lists = number_pictures(rollout.prompt_ids, rollout.pictures)
+            rollout = dataclasses.replace(rollout, prompt_ids=ids)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32, device=device)
         if decoded.dropped is not None:
             self._add("rollout/groups_dropped", decoded.dropped[0])
@@ -255,6 +261,9 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                                                                   0.0)
             batch["loss_mask"] = batch["loss_mask"].masked_fill(out[:, None], 0)
         parts = self._split(batch)
+        for part in parts if lists else ():  # each micro-batch's pictures, read once per rollout
+            inputs = used_pictures(self.pictures, part["prompt_ids"], lists)
+            part["pictures"] = {name: value.to(device) for name, value in inputs.items()}
         counts = torch.stack([algo.normaliser(family, part, self.sampling).float().reshape(-1) for part in parts])
         counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
         counts = counts / self.accelerator.num_processes  # DDP averages gradients over ranks
@@ -310,12 +319,22 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         with eval_policy(self) as policy, self.compute_loss_context_manager():
             rolled = self.rollouts.rollout_policy(policy)
             for part in parts:
+                reading = self._reading(rolled, part) if old else None  # the part's picture features once
                 for noise in part["noise"]:
                     if old:
-                        part.setdefault("old", []).append(algo.score(rolled, family, part, noise, self.sampling).logp)
+                        part.setdefault("old", []).append(algo.score(reading, family, part, noise,
+                                                                     self.sampling).logp)
                     if algo.needs_reference:
                         with reference(self.ref_model, policy) as ref:
-                            part.setdefault("ref", []).append(algo.score(ref, family, part, noise, self.sampling).logp)
+                            model = self._reading(ref, part)
+                            part.setdefault("ref", []).append(algo.score(model, family, part, noise,
+                                                                         self.sampling).logp)
+
+    def _reading(self, model, batch: dict, fixed: bool = True):
+        """``model`` handed the micro-batch's pictures (``fixed``: their features computed once, without gradients),
+        or ``model`` itself for a batch without any."""
+        inputs = batch.get("pictures")
+        return self.pictures.wrap(model, **inputs, fixed=fixed) if inputs else model
 
     def _split(self, value):
         """One piece per micro-batch of every mini-batch, along the row dimension (tensors, or dicts of them)."""
@@ -340,6 +359,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         algo = self.algorithm
         slot = min(inputs["iteration"], len(inputs["batch"]["noise"]) - 1)  # one slot unless noise is redrawn
+        model = self._reading(model, inputs["batch"], fixed=False)  # the tower and projector get their gradients
         loss, stats = algo.step_loss(model, self.scoring_family, inputs["batch"], slot, inputs["stream"],
                                      self._normalisers[inputs["mini"]], self.sampling)
         for name, (total, count) in stats.items():

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from accelerate.utils import gather_object
 from trl.models.utils import unwrap_model_for_generation
 
+from ..data.images import pictured_prompt
 from ..engines import InProcessEngine
 
 
@@ -35,7 +36,7 @@ def generation_metrics(trainer, rows: list[dict], sampling, rewards, workers: in
     with eval_policy(trainer) as policy, trainer.compute_loss_context_manager(), \
             server.serving(policy, trainer.state.global_step) as engine:
         if mine:
-            rollout = engine.generate([r["prompt"] for r in mine], 1, sampling, seed=trainer.args.seed)
+            rollout = engine.generate([pictured_prompt(r) for r in mine], 1, sampling, seed=trainer.args.seed)
     if mine:
         results = rewards.score(rollout.texts, mine, workers)
         lengths = rollout.completion_mask.sum(-1).tolist()
