@@ -3,6 +3,7 @@ scene and its answer, images round-trip through parquet and jsonl, bad images fa
 text models refuse rows that hold pictures."""
 
 import io
+import json
 
 import pytest
 from PIL import Image
@@ -86,3 +87,33 @@ def test_bad_images_fail_with_one_line_naming_the_row(tmp_path):
     with pytest.raises(ValueError, match="got int"):
         load_image(7, where="row 1")
     assert row_images({"question": "q"}, "no pictures here", tmp_path) == []
+
+
+def test_rl_rows_keep_their_pictures_checked_and_fit_by_their_placeholders(tmp_path):
+    """prompt_rows with images: each row keeps its pictures' bytes (a jsonl's data URIs decoded); a row whose
+    placeholders and pictures disagree, or whose picture cannot be read, fails naming the row; a text run refuses
+    the file. fitting_prompts counts each picture as the placeholders it takes."""
+    from dare.data import RLDataConfig, prompt_rows
+    from dare.data.rl import fitting_prompts
+    from dare.models import pictures, tiny
+
+    path = write_task("shapes", str(tmp_path / "shapes.jsonl"), 4)
+    rows = prompt_rows(path, "train", RLDataConfig(), images=True)
+    assert [r["images"] for r in rows] == [m["images"] for m in make_task("shapes", 4)]
+    with pytest.raises(ValueError, match="holds images"):
+        prompt_rows(path, "train", RLDataConfig())
+    lines = (tmp_path / "shapes.jsonl").read_text().splitlines()
+    bad = json.loads(lines[2])
+    for change, match in (({"images": bad["images"] * 2}, "row 2: the prompt has 1 <image> placeholder.* 2 image"),
+                          ({"images": ["data:image/png;base64,AAAA"]}, "row 2 image 0: the image cannot be read")):
+        (tmp_path / "bad.jsonl").write_text("\n".join(lines[:2] + [json.dumps({**bad, **change})]) + "\n")
+        with pytest.raises(ValueError, match=match):
+            prompt_rows(str(tmp_path / "bad.jsonl"), "train", RLDataConfig(), images=True)
+    model, tok = tiny("llada_v")
+    reader = pictures(model.config)
+    config = RLDataConfig(max_prompt_length=4096)
+    _, longest = fitting_prompts(tok, path, "train", config, None, reader)
+    text = max(len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True)) for r in rows)
+    assert longest > text + reader.count((48, 48)) - 10
+    with pytest.raises(ValueError, match="no prompt fits"):
+        fitting_prompts(tok, path, "train", RLDataConfig(max_prompt_length=text), None, reader)

@@ -430,3 +430,34 @@ def test_rl_on_pictures_trains_the_tower_alike_for_any_micro_batch_and_text_fami
                            (run("served", rollout_engine="sglang"), "reads pictures")):
         with pytest.raises(ValueError, match=match):
             train_rl.main(refused)
+
+
+def test_evaluation_decodes_picture_benchmarks_and_a_rerun_reuses_only_the_same_pictures(tmp_path):
+    """evaluate.py's harness on task:shapes with tiny:llada_v: every held-out picture question decoded and scored
+    (the greedy answers equal the engine's on the rows' PicturePrompts), a rerun reuses them all; a record's prompt
+    hash covers its pictures (another picture of the same size: another plan); a text model refuses the benchmark."""
+    from dare.data.images import pictured_prompt, png
+    from dare.engines import HFEngine
+    from dare.eval import harness
+    from dare.eval.benchmarks import load_benchmark
+    from dare.models import Family
+    from dare.sampling import SamplingConfig
+
+    model, tok = tiny("llada_v")
+    engine = HFEngine(model, tok, Family.from_pretrained(model.config, tok), max_batch_size=4)
+    config = SamplingConfig(gen_length=6, steps=6, temperature=0.0)
+    run = lambda: harness.evaluate_benchmarks(engine, ["task:shapes"], config, tmp_path, limit=5, batch_size=2,
+                                              model_name="tiny:llada_v")["task:shapes"]
+    first, again = run(), run()
+    assert (first["decoded"], again["decoded"], again["reused"]) == (5, 0, 5)
+    rows = load_benchmark("task:shapes", limit=5, images=True)
+    texts = engine.generate([pictured_prompt(r) for r in rows], 1, config, seed=0).texts
+    records = sorted(harness.read_records(tmp_path), key=lambda r: r["index"])
+    assert [r["output"] for r in records] == texts
+    changed = [dict(rows[0], images=[png(pictures((48, 48))[0])]), rows[1]]
+    plans = [harness.expected(engine, r, [[0, 1]]) for r in (rows[:2], changed)]
+    assert plans[0][0] != plans[1][0] and plans[0][1] == plans[1][1]
+    text_model, text_tok = tiny("llada")
+    text = HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok))
+    with pytest.raises(ValueError, match="its questions are pictures, and this model reads text only"):
+        harness.evaluate_benchmarks(text, ["task:shapes"], config, tmp_path / "text", limit=2)

@@ -50,6 +50,21 @@ class HFEngine(Engine):
         compiled = {"compiled": self.settings.compile_mode} if self.settings.compile else {}  # other sampling noise
         return {"engine": self.name, **compiled, **identity(self.model.config, weights_digest(self.model))}
 
+    def reader(self):
+        """The model's picture reader (``dare.models.pictures``); refused for a model that reads none."""
+        from ..models import pictures  # here, not at the top: --help imports the engines, dare.models transformers
+
+        reader = pictures(self.model.config)
+        if reader is None:
+            raise ValueError(f"prompts with pictures, for a {self.family.name} model, which reads none")
+        return reader
+
+    def encode(self, prompts: list) -> list[list[int]]:
+        """Prompts' token ids; a ``PicturePrompt``'s pictures as their placeholders (numbered from 0 in each)."""
+        if any(isinstance(p, PicturePrompt) for p in prompts):
+            return encode_pictured(self.tokenizer, self.reader(), prompts)
+        return super().encode(prompts)
+
     def rows_for(self, n: int) -> int:
         """The rows a micro-batch of ``n`` decodes: ``n``, or compiled, the next power of two (at most the batch).
         Not for uniform noise: its sampler draws random canvases even greedily, and more rows would draw other ones."""
@@ -71,13 +86,8 @@ class HFEngine(Engine):
         device = next(self.model.parameters()).device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         pictured = any(isinstance(p, PicturePrompt) for p in prompts)
-        if pictured:  # here, not at the top: --help imports the engines, and dare.models imports transformers
-            from ..models import pictures as picture_reader
-        reader = picture_reader(self.model.config) if pictured else None
-        if pictured and reader is None:
-            raise ValueError(f"prompts with pictures, for a {self.family.name} model, which reads none")
-        encoded = encode_pictured(self.tokenizer, reader, prompts) if pictured else self.encode(prompts)
-        ids = check_prompts([p for p in encoded for _ in range(n)])
+        reader = self.reader() if pictured else None
+        ids = check_prompts([p for p in self.encode(prompts) for _ in range(n)])
         owners = [getattr(p, "pictures", ()) for p in prompts for _ in range(n)] if pictured else None
         parts, start = [], time.perf_counter()
         was_training = self.model.training

@@ -42,12 +42,13 @@ def known() -> list[str]:
 
 
 def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = None,
-                   instruction: str = "auto") -> list[dict]:
+                   instruction: str = "auto", images: bool = False) -> list[dict]:
     """Rows of benchmark ``name`` (see the module docstring for where they come from); ``instruction="none"``
-    leaves bare questions bare (a protocol that writes its own prompt)."""
+    leaves bare questions bare (a protocol that writes its own prompt). ``images``: rows may hold pictures (a model
+    that reads them; ``dare.data.images.pictured_prompt`` makes what the engine decodes); otherwise they are refused."""
     if name.startswith("task:") and name[5:] in TASKS:
         rows = make_task(name[5:], limit or 200, seed=0, split="test")
-        return [instruct(r, instruction) for r in prompt_rows_from(rows)]
+        return [instruct(r, instruction) for r in prompt_rows_from(rows, images)]
     if name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(known())}")
     bench = BENCHMARKS[name]
@@ -59,16 +60,17 @@ def load_benchmark(name: str, data_dir: str | None = None, limit: int | None = N
             return rows[:limit] if limit else rows
     try:
         config = RLDataConfig(local_dir=data_dir, answer_instruction=instruction)
-        return prompt_rows(bench.dataset, "test", config, limit)
+        return prompt_rows(bench.dataset, "test", config, limit, images)
     except OSError as e:
         raise FileNotFoundError(f"benchmark {name}: {e}") from None
 
 
-def prompt_rows_from(rows: list[dict]) -> list[dict]:
-    """Generated task rows (reference schema) -> the flat RL row format; refused for a visual task's rows."""
+def prompt_rows_from(rows: list[dict], images: bool = False) -> list[dict]:
+    """Generated task rows (reference schema) -> the flat RL row format; a visual task's rows keep their pictures
+    with ``images`` (a model that reads them) and are refused without."""
     rows = list(rows)  # an iterator too (HumanEval's problems arrive as a map)
-    if any("images" in r for r in rows):
-        raise ValueError(f"task {rows[0]['data_source']}: its questions are pictures, and DARE's evaluation reads "
-                         "text only (it does not feed pictures yet; LLaDA-V's model reads them)")
+    if not images and any("images" in r for r in rows):
+        raise ValueError(f"task {rows[0]['data_source']}: its questions are pictures, and this model reads text only "
+                         "(LLaDA-V reads them)")
     return [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "data_source": r["data_source"],
-             "extra_info": r["extra_info"]} for r in rows]
+             "extra_info": r["extra_info"], **({"images": r["images"]} if r.get("images") else {})} for r in rows]

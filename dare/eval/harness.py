@@ -16,6 +16,7 @@ again. Speed counts only the batches decoded by the current run.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..data.images import pictured_prompt
 from ..engines.base import digest
 from ..rewards.routing import RewardRouter
 from . import benchmarks, report
@@ -75,11 +77,12 @@ def check_folder(folder: Path, fp: dict, plans: dict) -> None:
 
 
 def load_rows(protocol: Protocol, name: str, tokenizer, data_dir: str | None = None,
-              limit: int | None = None) -> list[dict]:
-    """Benchmark ``name``'s rows as ``protocol`` writes and draws them, the first ``limit`` of its order."""
+              limit: int | None = None, images: bool = False) -> list[dict]:
+    """Benchmark ``name``'s rows as ``protocol`` writes and draws them, the first ``limit`` of its order (``images``:
+    rows may hold pictures, for a model that reads them)."""
     task = protocol.task(name)
     rows = benchmarks.load_benchmark(name, data_dir, None if task.subsample else limit,
-                                     "auto" if protocol.instructs else "none")
+                                     "auto" if protocol.instructs else "none", images)
     return protocol.rows(name, rows, tokenizer)[:limit]
 
 
@@ -129,9 +132,14 @@ def layout(n: int, world: int, batch_size: int) -> list[list[int]]:
 
 def expected(engine, rows: list[dict], batches: list[list[int]]) -> dict:
     """index -> (hash of its prompt's token ids, answer, source and extra info; [first index, size] of its batch)."""
-    ids = iter(engine.encode([rows[i]["prompt"] for b in batches for i in b]))
-    return {i: (digest([next(ids), rows[i]["ground_truth"], rows[i]["data_source"], rows[i].get("extra_info")]),
-                [b[0], len(b)]) for b in batches for i in b}
+    ids = iter(engine.encode([pictured_prompt(rows[i]) for b in batches for i in b]))
+    return {i: (digest([next(ids), rows[i]["ground_truth"], rows[i]["data_source"], rows[i].get("extra_info"),
+                        *pictures_digest(rows[i])]), [b[0], len(b)]) for b in batches for i in b}
+
+
+def pictures_digest(row: dict) -> list[str]:
+    """What a record's prompt hash adds for the row's pictures (their placeholders alone say only their sizes)."""
+    return [hashlib.blake2b(picture, digest_size=8).hexdigest() for picture in row.get("images") or ()]
 
 
 def done_keys(folder: Path, bench: str, key: str, plan: dict) -> dict:
@@ -163,7 +171,7 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
     decoded = dict.fromkeys(("decoded", *SPEED), 0)
     bar = tqdm(total=sum(map(len, todo)) * samples, desc=f"{bench} (rank {rank})", disable=not progress)
     for batch in todo:
-        rollout = engine.generate([rows[i]["prompt"] for i in batch], samples, config, seed=seed + batch[0])
+        rollout = engine.generate([pictured_prompt(rows[i]) for i in batch], samples, config, seed=seed + batch[0])
         expanded = [rows[i] for i in batch for _ in range(samples)]
         results = router.score(rollout.texts, expanded)
         lengths = rollout.completion_mask.sum(-1).tolist()
@@ -248,9 +256,10 @@ def evaluate_benchmarks(engine, names: list[str], sampling, folder: Path, data_d
     benchmark's longest prompt is checked against ``max_positions`` before anything decodes."""
     rank, world = (state.process_index, state.num_processes) if state else (0, 1)
     main = state is None or state.is_main_process
-    loaded = {name: load_rows(protocol, name, engine.tokenizer, data_dir, limit) for name in names}  # fail early
+    pictures = engine.family.pictures  # a model that reads pictures: a benchmark's rows may hold them
+    loaded = {name: load_rows(protocol, name, engine.tokenizer, data_dir, limit, pictures) for name in names}
     for name, rows in loaded.items():  # a prompt too long for the model fails now, not after earlier benchmarks
-        longest = max(map(len, engine.encode([r["prompt"] for r in rows])), default=0)
+        longest = max(map(len, engine.encode([pictured_prompt(r) for r in rows])), default=0)
         sampling.check(engine.family, f"{name}", longest, max_positions)
     routers = {name: RewardRouter([protocol.task(name).reward]) for name in names}
     summaries = {}

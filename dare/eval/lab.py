@@ -12,6 +12,7 @@ import statistics
 
 import torch
 
+from ..data.images import pictured_prompt
 from ..data.tasks import make_task
 from ..engines import HFEngine
 from ..models import load_pretrained
@@ -33,8 +34,8 @@ def held_out(model_dir: str, task: str, questions: int = 800, samples: int = 8, 
     its greedy reward. Question-major lists over the first ``questions`` test questions of ``task``. ``decoding``: other
     ``SamplingConfig`` knobs (e.g. ``dare.sampling.FAST_DECODING["masked"]``; default the family's plain decoding)."""
     engine = _engine(model_dir)
-    rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"))
-    router, prompts, out = RewardRouter(["auto"]), [r["prompt"] for r in rows], {}
+    rows = prompt_rows_from(make_task(task, questions, seed=0, split="test"), images=engine.family.pictures)
+    router, prompts, out = RewardRouter(["auto"]), [pictured_prompt(r) for r in rows], {}
     for name, n, temperature in (("reward_q", samples, 1.0), ("greedy_q", 1, 0.0)):
         sampling = SamplingConfig(**{**(decoding or {}), "gen_length": gen_length, "temperature": temperature})
         rollout = engine.generate(prompts, n, sampling, seed=seed)
