@@ -57,6 +57,35 @@ def test_runs_on_policy_on_every_supported_family(algo, family, data, tmp_path):
         assert first["kl"] == 0.0, "the reference must see the same noise as the policy"
 
 
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    from dare.data.tasks import write_task
+
+    folder = tmp_path_factory.mktemp("picture-data")
+    return (write_task("shapes", str(folder / "train.parquet"), 16, 0, "train"),
+            write_task("shapes", str(folder / "test.parquet"), 4, 0, "test"))
+
+
+@pytest.mark.parametrize("algo", ONLINE)
+def test_runs_on_policy_on_pictures(algo, pictures, tmp_path):
+    """LLaDA-V on the visual task: every algorithm its math allows trains on picture prompts (rollouts, old and
+    reference scoring, the loss, validation), on-policy at its first inner iteration."""
+    cls = get_algorithm(algo)
+    extra = {"num_iterations": 2} if cls.uses_ratio else {}
+    if algo not in NO_KL:
+        extra["beta"] = 0.1
+    args = rl_args(pictures, tmp_path, algo=algo, model="tiny:llada_v", eval_steps=1, **knobs(algo, **extra))
+    if not supported(algo, "llada_v"):
+        with pytest.raises(ValueError, match=f"{algo} does not apply to llada_v.+\\(.+\\)"):
+            train_rl.main(args)
+        return
+    train_rl.main(args)
+    first = [h for h in history(tmp_path, 2) if "loss" in h][0]
+    assert "reward" in first and first["grad_norm"] == first["grad_norm"]  # not NaN
+    assert first.get("ratio", 1.0) == 1.0 and first.get("kl", 0.0) == 0.0
+    assert any("eval_reward" in h for h in history(tmp_path, 2))
+
+
 @pytest.mark.parametrize("algo", ONLINE)
 def test_loss_does_not_depend_on_micro_batches_or_streaming(algo, data, tmp_path):  # noqa: F811
     family = "llada" if supported(algo, "llada") else "sdar"

@@ -18,12 +18,16 @@ def get_algorithm(name: str) -> type:
     return ALGORITHMS.lookup(name)
 
 
-def matrix(families=("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma", "nemotron_diffusion")) -> str:
+def matrix(families: tuple[str, ...] | None = None) -> str:
     """The algorithm x family support table (markdown), from the registry: ``python -m dare.algos``. The estimator
-    is the one each algorithm plans for a short rollout of a tiny model of its first family."""
+    is the one each algorithm plans for a short rollout of a tiny model of its first family (default families:
+    ``catalogue.FAMILY_ORDER``)."""
     from ..models.family import CAUSAL_CONTEXT, UNIFORM
     from ..models.loading import load_config  # here, not at the top: --help imports this package
     from .base import CAUSAL_WHY, NOISE_WHY
+    from .catalogue import FAMILY_ORDER
+
+    families = families or FAMILY_ORDER
 
     rows = ["| algorithm | " + " | ".join(families) + " | estimator | advantage | loss on | sglang rollouts |",
             "|---|" + "---|" * (len(families) + 4)]
