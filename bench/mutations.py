@@ -1,6 +1,6 @@
-"""Mutation check of the newer algorithms' distinguishing terms (issue 51) and Nemotron's SFT loss and RL reading
-(issue 58): each term below is changed in a copy of the repository, and the tests named beside it must fail there; a
-mutation they survive is a term no test pins.
+"""Mutation check of the newer algorithms' distinguishing terms (issue 51), Nemotron's SFT loss and RL reading (issue
+58) and UniGRPO's and MaskGRPO's masking and averaging (issue 50): each term below is changed in a copy of the
+repository, and the tests named beside it must fail there; a mutation they survive is a term no test pins.
 
     python bench/mutations.py                      # every mutation, one pytest each (~8 min on 2 cores)
     python bench/mutations.py --only agrpo dmpo    # the mutations whose name holds one of these words
@@ -150,6 +150,33 @@ MUTATIONS = [
     Mutation("nemotron rl: a block's first token read by the block, not the causal pass", "dare/likelihood.py",
              "logits[:, index % family.causal_block == 0] = causal.view(len(noisy), len(first), -1)", "pass",
              NEMOTRON_RL),
+    Mutation("unigrpo: a token mean over the batch, not each copy's mean", "dare/algos/unigrpo.py",
+             "per_copy = (surrogate * hidden).sum(-1) / hidden.sum(-1).clamp(min=1)",
+             "per_copy = (surrogate * hidden).sum(-1) / hidden.sum(-1).mean().clamp(min=1)",
+             tests("test_algos.py -k unigrpo")),
+    Mutation("unigrpo: the KL averaged over a copy's tokens, not summed", "dare/algos/unigrpo.py",
+             "per_copy = per_copy + self.beta * (kl * hidden).sum(-1)",
+             "per_copy = per_copy + self.beta * (kl * hidden).sum(-1) / hidden.sum(-1).clamp(min=1)",
+             tests("test_algos.py -k unigrpo")),
+    Mutation("unigrpo: one mask ratio for every copy", "dare/likelihood.py",
+             "t = self.t_min + (self.t_max - self.t_min) * uniform((n, self.draws, 1), generator, completion.device)",
+             "t = self.t_min + (self.t_max - self.t_min) * uniform((1, 1, 1), generator, completion.device)",
+             tests("test_algos.py -k unigrpo")),
+    Mutation("maskgrpo: the fading line rises instead", "dare/likelihood.py",
+             "line = torch.linspace(1, 0, width, device=completion.device)",
+             "line = torch.linspace(0, 1, width, device=completion.device)", tests("test_algos.py -k maskgrpo")),
+    Mutation("maskgrpo: every inner iteration at the first ratio", "dare/algos/maskgrpo.py",
+             "return self.estimator(family, sampling, iteration).corrupt(family, batch, generator)",
+             "return self.estimator(family, sampling).corrupt(family, batch, generator)",
+             tests("test_algos.py -k maskgrpo")),
+    Mutation("maskgrpo: the trainer does not say which inner iteration it draws for", "dare/trainers/rl.py",
+             "noise = algo.corrupt(family, batch, generator, self.sampling, iteration=slot)",
+             "noise = algo.corrupt(family, batch, generator, self.sampling)",
+             tests("test_algos.py -k inner_iterations_noise")),
+    Mutation("maskgrpo: the loss averaged over every loss token, not the hidden ones", "dare/algos/maskgrpo.py",
+             "return torch.stack([noise[\"masks\"].sum() for noise in batch[\"noise\"]])",
+             "return torch.stack([batch[\"loss_mask\"].sum() for noise in batch[\"noise\"]])",
+             tests("test_algos.py -k maskgrpo")),
 ]
 
 

@@ -25,6 +25,10 @@ mean_field  d1: completion fully masked, prompt tokens masked w.p. p_prompt; per
             Uniform noise (DiffusionGemma): the completion's canvases all random tokens (the first decoding step's
             input), prompt tokens replaced by random ones w.p. p_prompt.
 coupled     Coupled-GRPO: full-mask pass + a complementary pair (t ~ U[t_min, t_max]) weighted 1/t, 1/(1-t).
+random_masking  UniGRPO (dLLM-RL): K copies per row, copy j hiding each completion token w.p. t_j ~ U[t_min, t_max],
+            the prompt clean; per-token log p ``[N, K, R]`` with the masks (the loss reads the hidden tokens).
+remasking   MaskGRPO: the completion re-masked at a ratio (fading: later tokens hidden likelier), the prompt clean;
+            per-token log p ``[N, R]`` with the mask.
 mc_elbo     BGPO: K stratified mask counts, ``e_j = (sum_masked log p / p_j) / L`` per draw ``[N, K]`` (VRPO: no / L).
 block_elbo  EBPO: per (draw, block) stratified levels, >= 1 target per block, all blocks in one forward (masked
             families: one per semi-AR block); ``[N, rows]``.
@@ -320,6 +324,65 @@ class Coupled:
         scored = score_tokens(model, family, stacked, noisy)
         full, a, b = scored.logp.chunk(3)
         return Estimate(0.5 * (full + torch.where(first, a / t, b / (1 - t))), scored.entropy.chunk(3)[0])
+
+
+def masked_copies(model, family, batch, masks: torch.Tensor) -> Estimate:
+    """``log p(y_k | copy j)`` of every completion token from K copies of each row, copy j hiding the completion
+    positions ``masks[:, j]`` (``[N, K, R]``; the prompt clean, positions outside the loss mask always hidden), all in
+    one forward: ``logp`` ``[N, K, R]``, the entropy of the first copy's predictions."""
+    n, k, width = masks.shape
+    noisy = torch.cat([_masked_input(family, batch, masks[:, j]) for j in range(k)])  # copy-major
+    stacked = {key: torch.cat([value] * k) for key, value in batch.items() if torch.is_tensor(value)}
+    scored = score_tokens(model, family, stacked, noisy)
+    return Estimate(scored.logp.view(k, n, width).transpose(0, 1), scored.entropy.view(k, n, width)[0])
+
+
+@dataclass
+class RandomMasking:
+    """UniGRPO's random masking as its authors' RL code draws it (dLLM-RL ``random_masking``): ``draws`` copies of each
+    completion, copy j hiding each scored token w.p. its own ``t_j ~ U[t_min, t_max]``, the prompt clean; per-token
+    ``log p`` of every token from each copy, ``[N, draws, R]``, with the masks (``noise["masks"]``)."""
+
+    draws: int = 2
+    t_min: float = 0.1
+    t_max: float = 0.9
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        completion = batch["completion_ids"]
+        n, width = completion.shape
+        t = self.t_min + (self.t_max - self.t_min) * uniform((n, self.draws, 1), generator, completion.device)
+        hidden = uniform((n, self.draws, width), generator, completion.device) < t
+        return {"masks": _maskable(batch)[:, None] & hidden}
+
+    def score(self, model, family, batch, noise) -> Estimate:
+        return masked_copies(model, family, batch, noise["masks"])
+
+
+@dataclass
+class Remasking:
+    """MaskGRPO's re-masked completion at mask ratio ``ratio`` (the prompt clean), one copy: ``fading`` (its AR-like
+    mode) keeps position j of R w.p. ``min(1, 2 (1 - ratio) (1 - j / (R - 1)))``, a line falling to 0 whose mean is
+    ``1 - ratio`` (early tokens mostly visible, late ones mostly hidden); otherwise each token is hidden w.p.
+    ``ratio``. Per-token ``log p`` ``[N, R]`` of every token, with the masks ``[N, 1, R]`` (the loss reads the hidden
+    ones); only loss-mask positions are drawn (the rest are hidden anyway)."""
+
+    ratio: float = 0.6
+    fading: bool = True
+
+    def corrupt(self, family, batch, generator=None) -> dict:
+        completion = batch["completion_ids"]
+        width = completion.shape[1]
+        if self.fading:
+            line = torch.linspace(1, 0, width, device=completion.device)
+            keep = (line * (1 - self.ratio) * width / line.sum()).clamp(max=1.0)
+        else:
+            keep = torch.full((width,), 1 - self.ratio, device=completion.device)
+        hidden = uniform(completion.shape, generator, completion.device) >= keep
+        return {"masks": (_maskable(batch) & hidden)[:, None]}
+
+    def score(self, model, family, batch, noise) -> Estimate:
+        estimate = masked_copies(model, family, batch, noise["masks"])
+        return Estimate(estimate.logp[:, 0], estimate.entropy)
 
 
 @dataclass
@@ -752,7 +815,8 @@ class EdgeTransition:
 ESTIMATORS = {"mean_field": MeanField, "coupled": Coupled, "mc_elbo": MCElbo, "block_elbo": BlockElbo,
               "seq_elbo": SequenceElbo, "quadrature_elbo": QuadratureElbo, "sandwich": Sandwich, "ar": Autoregressive,
               "trajectory": Trajectory, "sampled_steps": SampledSteps, "step_prediction": StepPrediction,
-              "edge_transition": EdgeTransition}
+              "edge_transition": EdgeTransition, "random_masking": RandomMasking,
+              "remasking": Remasking}
 
 
 def estimator(name: str, **knobs):

@@ -19,7 +19,8 @@ from dare.sampling import SamplingConfig
 
 FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma")
 FAST = {"bgpo": {"samples": 3}, "ebpo": {"samples": 3}, "espo": {"num_iterations": 1}, "spg": {},
-        "d-treerpo": {"num_iterations": 1, "branch": 2}, "mdpo": {"train_steps": 3}}
+        "d-treerpo": {"num_iterations": 1, "branch": 2}, "mdpo": {"train_steps": 3},
+        "maskgrpo": {"num_iterations": 1}}
 ONLINE = [a for a in known() if get_algorithm(a).trainer == "rl"]  # the preference trainer: tests/test_vrpo.py
 NO_KL = {"spg", "dmpo"}  # refuse beta > 0 (no KL term)
 

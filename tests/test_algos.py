@@ -561,3 +561,109 @@ def test_chunked_entropy_equals_the_whole_tensor_formula():
     expected = -(logp.exp() * logp.masked_fill(torch.isinf(logp), 0)).sum(-1)
     assert torch.allclose(entropy_of(logp, chunk=5), expected, atol=1e-12)
     assert torch.allclose(entropy_of(logp.float()), expected.float(), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- unigrpo, maskgrpo
+
+def test_unigrpo_copies_hide_answer_tokens_at_their_own_ratio_and_score_each_copy():
+    """RandomMasking: each of J copies hides only loss-mask tokens (the prompt and the padding after the stop never
+    drawn), each at its own t ~ U[t_min, t_max]; a copy's log-probs equal scoring that copy alone (one forward for
+    all copies), and the padding after the stop is hidden in every copy."""
+    from dare.likelihood import RandomMasking, _masked_input
+
+    model, fam, batch = setup(rows=3, length=12)
+    batch["loss_mask"][2, 8:] = 0  # row 2 stopped at token 7
+    estimator = RandomMasking(draws=3, t_min=0.3, t_max=0.6)
+    noise = estimator.corrupt(fam, batch, torch.Generator().manual_seed(0))
+    masks = noise["masks"]
+    assert masks.shape == (3, 3, 12) and not masks[2, :, 8:].any()
+    _, _, long = setup(rows=2, length=2000)
+    many = RandomMasking(draws=500, t_min=0.3, t_max=0.6).corrupt(fam, long, torch.Generator().manual_seed(1))
+    share = many["masks"].float().mean(-1)  # each copy's hidden share, ~ its own t
+    assert 0.27 < float(share.min()) and float(share.max()) < 0.63 and abs(float(share.mean()) - 0.45) < 0.01
+    assert float(share.std()) > 0.07  # a ratio per copy (U[0.3, 0.6]: std 0.087), not one for all
+    with torch.no_grad():
+        scored = estimator.score(model, fam, batch, noise).logp
+        for j in range(3):
+            alone = score_tokens(model, fam, batch, _masked_input(fam, batch, masks[:, j])).logp
+            torch.testing.assert_close(scored[:, j], alone)
+        assert not torch.allclose(scored[:, 0], scored[:, 1])
+    assert (_masked_input(fam, batch, masks[:, 0])[2, 6 + 8:] == fam.mask_id).all()
+
+
+def test_unigrpo_loss_averages_each_copys_hidden_tokens_then_the_copies_and_sums_its_kl():
+    """The loss equals dLLM-RL's random_masking loss restated: per copy the clipped surrogate's mean over its hidden
+    tokens (not the batch's token mean: copies hide different counts), the copies averaged, plus beta x the k3 KL to
+    the rollout policy summed over a copy's hidden tokens."""
+    from dare.algos.core import kl_estimate
+
+    model, fam, batch = setup(rows=2, length=10)
+    batch["advantages"] = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    algo, config = get_algorithm("unigrpo")(draws=2, beta=0.3).validate(fam), SamplingConfig()
+    batch["noise"] = [algo.corrupt(fam, batch, torch.Generator().manual_seed(3), config)]
+    with torch.no_grad():
+        old = algo.score(model, fam, batch, batch["noise"][0], config).logp
+    batch["old"] = [old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(4), dtype=old.dtype)]
+    normaliser = algo.normaliser(fam, batch, config)
+    assert int(normaliser) == 4
+    loss, stats = algo.step_loss(model, fam, batch, 0, 0, normaliser, config)
+    logp, hidden = algo.score(model, fam, batch, batch["noise"][0], config).logp, batch["noise"][0]["masks"].double()
+    assert len({int(c) for c in hidden.sum(-1).flatten()}) > 1  # copies hide different counts
+    ratio, adv = torch.exp(logp - batch["old"][0]), batch["advantages"][:, None, None]
+    surrogate = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    kl = kl_estimate(logp, batch["old"][0], "k3")
+    expected = ((surrogate * hidden).sum(-1) / hidden.sum(-1) + 0.3 * (kl * hidden).sum(-1)).mean()
+    torch.testing.assert_close(loss, expected)
+    token_mean = ((surrogate + 0.3 * kl) * hidden).sum() / hidden.sum()
+    assert not torch.isclose(loss, token_mean)
+    assert set(stats) == {"clip_fraction", "ratio", "kl", "entropy"}
+
+
+def test_maskgrpo_remasks_more_each_inner_iteration_and_fades_towards_the_end():
+    """MaskGRPO's ratio r_i = min(c + (1 - c)(i + 1) / mu, 0.999); fading keeps early tokens more than late ones with
+    a mean keep of 1 - r (random: flat); the trainer draws iteration i's noise at r_i and the loss averages over the
+    hidden tokens of that iteration (its normaliser)."""
+    from dare.likelihood import Remasking
+
+    _, fam, batch = setup(rows=4000, length=10)
+    algo = get_algorithm("maskgrpo")(min_mask_rate=0.6, num_iterations=12)
+    assert [round(algo.ratio(i), 4) for i in (0, 5, 11)] == [0.6333, 0.8, 0.999]
+    g = torch.Generator().manual_seed(0)
+    kept = (~Remasking(0.7, fading=True).corrupt(fam, batch, g)["masks"][:, 0]).float().mean(0)
+    line = (torch.linspace(1, 0, 10) * 0.3 * 10 / 5).clamp(max=1)
+    assert torch.allclose(kept, line, atol=0.03) and abs(float(kept.mean()) - 0.3) < 0.01
+    assert kept[0] > 0.5 > 0.05 > kept[-1]
+    flat = (~Remasking(0.7, fading=False).corrupt(fam, batch, g)["masks"][:, 0]).float().mean(0)
+    assert torch.allclose(flat, torch.full((10,), 0.3), atol=0.03)
+    config = SamplingConfig()
+    hidden = [float(algo.corrupt(fam, batch, g, config, iteration=i)["masks"].float().mean()) for i in (0, 11)]
+    assert abs(hidden[0] - 0.6333) < 0.01 and hidden[1] > 0.99
+    model, fam, small = setup(rows=2, length=10)
+    small["advantages"] = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    small["noise"] = [algo.corrupt(fam, small, torch.Generator().manual_seed(i), config, iteration=i) for i in (0, 1)]
+    with torch.no_grad():
+        small["ref"] = [algo.score(model, fam, small, n, config).logp for n in small["noise"]]
+    counts = algo.normaliser(fam, small, config)
+    assert counts.tolist() == [float(n["masks"].sum()) for n in small["noise"]]
+    loss, _ = algo.step_loss(model, fam, small, 1, 0, counts, config)
+    torch.testing.assert_close(loss, torch.zeros((), dtype=loss.dtype), atol=1e-12, rtol=0)  # on-policy value 0...
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad = torch.autograd.grad(loss, params, allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in grad)  # ... but a gradient
+
+
+def test_the_trainer_draws_each_inner_iterations_noise_with_its_index(tmp_path, monkeypatch):
+    """train_rl.py hands corrupt the inner iteration it draws for (MaskGRPO's ratio grows with it)."""
+    import train_rl
+    from dare.algos.maskgrpo import MaskGRPO
+    from dare.data.tasks import write_task
+
+    seen, corrupt = [], MaskGRPO.corrupt
+    monkeypatch.setattr(MaskGRPO, "corrupt", lambda self, *a, iteration=0, **k: seen.append(iteration) or
+                        corrupt(self, *a, iteration=iteration, **k))
+    args = train_rl.args_class("maskgrpo")(model="tiny:llada", output_dir=str(tmp_path / "out"), max_steps=3,
+                                           save_steps=3, prompts_per_step=2, num_generations=2, micro_batch_size=4)
+    args.data.path, args.rollout.gen_length, args.algo_config.num_iterations = \
+        write_task("addition", str(tmp_path / "train.jsonl"), 8), 8, 3
+    train_rl.main(args)
+    assert seen == [0, 1, 2]

@@ -244,7 +244,9 @@ class Algorithm(Declared):
         return rollout_attention(family, rollout.prompt_mask, rollout.completion_mask)[:, rollout.prompt_ids.shape[1]:]
 
     # -- likelihood ---------------------------------------------------------------------------------------------
-    def corrupt(self, family, batch: dict, generator: torch.Generator, sampling: SamplingConfig) -> dict:
+    def corrupt(self, family, batch: dict, generator: torch.Generator, sampling: SamplingConfig,
+                iteration: int = 0) -> dict:
+        """The noise of inner iteration ``iteration`` (each drawn afresh with ``resample_noise``)."""
         return self.estimator(family, sampling).corrupt(family, batch, generator)
 
     def score(self, model, family, batch: dict, noise: dict, sampling: SamplingConfig) -> Estimate:

@@ -264,18 +264,19 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         for part in parts if lists else ():  # each micro-batch's pictures, read once per rollout
             inputs = used_pictures(self.pictures, part["prompt_ids"], lists)
             part["pictures"] = {name: value.to(device) for name, value in inputs.items()}
-        counts = torch.stack([algo.normaliser(family, part, self.sampling).float().reshape(-1) for part in parts])
-        counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
-        counts = counts / self.accelerator.num_processes  # DDP averages gradients over ranks
-        self._normalisers = [c[0] if c.numel() == 1 else c for c in counts]  # one per mini-batch
         for slot in range(algo.num_iterations if algo.resample_noise else 1):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
             # drawn on the whole batch, then split: the noise does not depend on the micro-batch size
-            noise = algo.corrupt(family, batch, generator, self.sampling)
+            noise = algo.corrupt(family, batch, generator, self.sampling, iteration=slot)
             for part, piece in zip(parts, self._split(noise) if noise else [{}] * len(parts), strict=True):
                 part.setdefault("noise", []).append(piece)
             if not noise:  # a noise-free estimate (trajectory, tree): one slot, old/reference scored once
                 break
+        # after the noise: a loss averaged over the tokens its noise hides counts them (MaskGRPO)
+        counts = torch.stack([algo.normaliser(family, part, self.sampling).float().reshape(-1) for part in parts])
+        counts = self.accelerator.reduce(counts.view(algo.mini_batches, -1, counts.shape[-1]).sum(1), "sum")
+        counts = counts / self.accelerator.num_processes  # DDP averages gradients over ranks
+        self._normalisers = [c[0] if c.numel() == 1 else c for c in counts]  # one per mini-batch
         # the ratio's denominator from the policy that decoded: inner steps, or a rollout decoded ahead of training
         old = algo.needs_old or (self.rollouts.lag > 0 and algo.uses_ratio)
         if old or algo.needs_reference:
