@@ -461,3 +461,32 @@ def test_evaluation_decodes_picture_benchmarks_and_a_rerun_reuses_only_the_same_
     text = HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok))
     with pytest.raises(ValueError, match="its questions are pictures, and this model reads text only"):
         harness.evaluate_benchmarks(text, ["task:shapes"], config, tmp_path / "text", limit=2)
+
+
+def test_lora_sft_and_lora_rl_with_a_reference_run_on_pictures(tmp_path):
+    """LoRA on tiny:llada_v with picture rows: SFT writes adapters and a merged folder with the official keys; RL with
+    a KL reference (the adapter-disabled base, handed the pictures through PEFT's wrapper) starts at KL 0."""
+    import json as json_
+
+    import train_rl
+    import train_sft
+    from dare.data.tasks import write_task
+    from dare.models.loading import load_pretrained
+
+    data = write_task("shapes", str(tmp_path / "shapes.parquet"), 16)
+    sft = train_sft.Args(model="tiny:llada_v", output_dir=str(tmp_path / "sft"), max_steps=2, save_steps=2,
+                         per_device_train_batch_size=4)
+    sft.data.path, sft.data.max_length, sft.data.pad_to = data, 160, "longest"
+    sft.lora.rank, sft.lora.alpha = 4, 8
+    train_sft.main(sft)
+    merged = load_pretrained(str(tmp_path / "sft" / "merged"))[0].state_dict()
+    assert set(merged) == set(tiny("llada_v")[0].state_dict())
+    rl = train_rl.args_class("d1")(model="tiny:llada_v", output_dir=str(tmp_path / "rl"), max_steps=2, save_steps=2,
+                                    prompts_per_step=2, num_generations=4, micro_batch_size=4,
+                                    rewards=["dare_test_rewards.length"], learning_rate=3e-2)
+    rl.data.path, rl.rollout.gen_length, rl.rollout.temperature = data, 8, 1.0
+    rl.lora.rank, rl.lora.alpha, rl.algo_config.beta = 4, 8, 0.1
+    train_rl.main(rl)
+    log = json_.loads((tmp_path / "rl" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    kls = [h["kl"] for h in log if "kl" in h]
+    assert kls[0] == 0.0 and kls[-1] > 0.0
