@@ -56,13 +56,14 @@ class Args:
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
     # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated
-    # task>
+    # task>; with pictures (a model that reads them): mathvista, chartqa, task:shapes
     bench: str | None = None
     # how prompts are written, answers read, decoding set and results counted: dare | d1 (d1's zero-shot scripts;
     # `python -m dare.eval.protocols` lists every value and its source). A protocol's decoding settings fill the
     # knobs left at their defaults
     protocol: str = "dare"
-    # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub
+    # read the benchmarks from the reference's parquet files here (e.g. ../shared/data/rl/test), not the hub (mathvista,
+    # chartqa: a copy of the hub's own files, e.g. a snapshot folder holding data/testmini-*.parquet)
     data_dir: str | None = None
     limit: int | None = None  # first N prompts of each benchmark
     samples: int | None = None  # completions per prompt (default: the benchmark's; AIME 8)

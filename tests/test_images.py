@@ -117,3 +117,66 @@ def test_rl_rows_keep_their_pictures_checked_and_fit_by_their_placeholders(tmp_p
     assert longest > text + reader.count((48, 48)) - 10
     with pytest.raises(ValueError, match="no prompt fits"):
         fitting_prompts(tok, path, "train", RLDataConfig(max_prompt_length=text), None, reader)
+
+
+def picture_benchmarks(folder):
+    """Local copies of MathVista's testmini and ChartQA's test split in the hubs' own schemas (parquet shards with
+    hashed names under data/), two rows each."""
+    import pandas as pd
+
+    pictures = [png(Image.new("RGB", (8 + i, 6), (40 * i, 90, 200))) for i in range(2)]
+    (folder / "mathvista" / "data").mkdir(parents=True)
+    pd.DataFrame([
+        {"pid": "1", "question": "Which bar is tallest?", "image": "images/1.jpg",
+         "decoded_image": {"bytes": pictures[0], "path": "1.jpg"}, "choices": ["red", "blue", "green"],
+         "answer": "blue", "question_type": "multi_choice", "answer_type": "text",
+         "query": "Hint: Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the "
+                  "end.\nQuestion: Which bar is tallest?\nChoices:\n(A) red\n(B) blue\n(C) green"},
+        {"pid": "2", "question": "How many bars?", "image": "images/2.jpg",
+         "decoded_image": {"bytes": pictures[1], "path": "2.jpg"}, "choices": None, "answer": "7",
+         "question_type": "free_form", "answer_type": "integer",
+         "query": "Hint: Please answer the question requiring an integer answer.\nQuestion: How many bars?"},
+    ]).to_parquet(folder / "mathvista" / "data" / "testmini-00000-of-00001-5a2c.parquet")
+    (folder / "chartqa" / "data").mkdir(parents=True)
+    pd.DataFrame([{"image": {"bytes": pictures[0], "path": None}, "query": "What is the peak value?",
+                   "label": ["41.5"], "human_or_machine": 0},
+                  {"image": {"bytes": pictures[1], "path": None}, "query": "Which year is highest?",
+                   "label": ["2019"], "human_or_machine": 1}]).to_parquet(
+        folder / "chartqa" / "data" / "test-00000-of-00001.parquet")
+    return pictures
+
+
+def test_mathvista_and_chartqa_read_their_local_hub_files_with_pictures(tmp_path):
+    """The picture benchmarks from local copies of the hubs' own files: each row's picture, its question after an
+    <image>, the boxed instruction; a multiple-choice answer becomes its option letter; a text run refuses them; the
+    default rewards: math (MathVista), ChartQA's relaxed accuracy."""
+    from dare.eval.benchmarks import load_benchmark
+    from dare.rewards import get_reward, score_for_source
+
+    pictures = picture_benchmarks(tmp_path)
+    vista = load_benchmark("mathvista", str(tmp_path / "mathvista"), images=True)
+    assert [r["ground_truth"] for r in vista] == ["B", "7"] and [r["images"] for r in vista] == [[p] for p in pictures]
+    assert vista[0]["prompt"][0]["content"].startswith("<image>\nHint:") and "\\boxed{}" in vista[0]["prompt"][0][
+        "content"]
+    chart = load_benchmark("chartqa", str(tmp_path / "chartqa"), images=True)
+    assert [r["ground_truth"] for r in chart] == ["41.5", "2019"] and chart[1]["data_source"] == "chartqa"
+    with pytest.raises(ValueError, match="holds images"):
+        load_benchmark("mathvista", str(tmp_path / "mathvista"))
+    assert score_for_source("mathvista") == "math" and score_for_source("chartqa") == "relaxed"
+    relaxed = get_reward("relaxed")
+    scores = [relaxed(f"So \\boxed{{{answer}}}.", truth).score for answer, truth in
+              (("43", "41.5"), ("44", "41.5"), ("45%", "45"), ("Yes", "yes"), ("No", "yes"), ("0.1", "0"))]
+    assert scores == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]  # 43 is 3.6 % off 41.5, 44 is 6.0 % off
+    assert relaxed("no box", "41.5").score == 0.0
+
+
+def test_evaluate_scores_a_picture_benchmark_from_local_files(tmp_path):
+    """evaluate.py --bench mathvista --data-dir with tiny:llada_v: every row decoded with its picture and scored."""
+    import evaluate
+
+    picture_benchmarks(tmp_path)
+    args = evaluate.Args(model="tiny:llada_v", bench="mathvista", output_dir=str(tmp_path / "out"))
+    args.data_dir, args.sampling.gen_length = str(tmp_path / "mathvista"), 4
+    evaluate.main(args)
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.0.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["bench"] == "mathvista" for r in records)

@@ -31,9 +31,13 @@ def load_rows(path: str, split: str = "train", local_dir: str | None = None,
     local = Path(path)
     if path in PUBLIC:
         public = PUBLIC[path]
-        if local_dir:
+        if local_dir and not public.raw_local:
             return load_rows(str(public.local(split, local_dir)))
-        rows = datasets.Dataset.from_list(public.download(split))
+        if local_dir:  # the hub's own files: converted as hub rows are
+            raw = read_files("parquet", [str(public.local(split, local_dir))], path)
+            rows = datasets.Dataset.from_list([public.convert(r) for r in raw])
+        else:
+            rows = datasets.Dataset.from_list(public.download(split))
     elif path.startswith("task:"):
         if split not in TASK_ROWS:
             raise ValueError(f"{path}: split must be one of {sorted(TASK_ROWS)}, got {split!r}")

@@ -50,6 +50,38 @@ def _humaneval(r):
                 r.get("canonical_solution"), task="code", code_prompt=r["prompt"], entry_point=r["entry_point"])
 
 
+def _picture(value):
+    """A hub row's image (a decoded ``PIL.Image``, or ``{bytes, path}`` / bytes from a parquet copy) as a row's
+    ``images`` entry."""
+    if hasattr(value, "save"):
+        from .images import png
+        return png(value)
+    return value
+
+
+def _mathvista(r):
+    """MathVista (testmini: the scored split): its ``query`` (hint, question and lettered choices) after the picture;
+    a multiple-choice answer becomes its option letter, which the query asks for."""
+    from .images import IMAGE
+
+    choices, truth = list(r.get("choices") or []), r["answer"]
+    if r.get("question_type") == "multi_choice" and truth in choices:
+        truth = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[choices.index(truth)]
+    row = _row("mathvista", f"{IMAGE}\n{r.get('query') or r['question']}", truth, pid=str(r.get("pid")),
+               question_type=r.get("question_type"), answer_type=r.get("answer_type"))
+    return {**row, "images": [_picture(r.get("decoded_image") or r["image"])]}
+
+
+def _chartqa(r):
+    """ChartQA: the chart and its question; the first label is the answer (relaxed accuracy: the ``relaxed``
+    reward)."""
+    from .images import IMAGE
+
+    label = r["label"]
+    truth = label[0] if isinstance(label, (list, tuple)) or hasattr(label, "tolist") else label
+    return {**_row("chartqa", f"{IMAGE}\n{r['query']}", truth), "images": [_picture(r["image"])]}
+
+
 LOCAL_FLAGS = "--data.local-dir (evaluate.py: --data-dir)"
 
 
@@ -59,12 +91,16 @@ class Public:
     files: dict[str, tuple[str, ...]]  # split -> the reference's file names of its local copy, tried in order
     convert: Callable | None = None  # hub row -> reference-schema row
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's name for it, where they differ
+    raw_local: bool = False  # the local copy is the hub's own files (converted like hub rows), not the reference's
 
     def local(self, split: str, local_dir: str) -> Path:
-        tried = [Path(local_dir) / where / name for name in self.files.get(split, ()) for where in (split, ".")]
+        """The local copy: a file named as ``files`` names it (a name may be a glob: a hub shard's hashed name) in
+        ``local_dir/<split>/``, ``local_dir/`` or ``local_dir/data/`` (a hub snapshot's layout)."""
+        tried = [Path(local_dir) / where / name for name in self.files.get(split, ()) for where in (split, ".", "data")]
         for path in tried:
-            if path.exists():
-                return path
+            found = sorted(path.parent.glob(path.name)) if "*" in path.name else [path] if path.exists() else []
+            if found:
+                return found[0]
         looked = ", ".join(map(str, tried)) or "nothing: the reference has no such split"
         raise FileNotFoundError(f"{self.hub or self.files[split][0]}, split {split!r}: no local copy in {local_dir} "
                                 f"(looked for {looked})")
@@ -102,4 +138,8 @@ PUBLIC = {p.hub or name: p for name, p in [
     ("mbpp", Public("google-research-datasets/mbpp:sanitized", {"test": ("mbpp_1.parquet",)}, _mbpp)),
     ("countdown", Public(None, {"train": ("countdown-n20000_1.parquet",), "test": ("countdown_1.parquet",)})),
     ("sudoku", Public(None, {"train": ("sudoku-n20000_1.parquet",), "test": ("sudoku_1.parquet",)})),
+    ("mathvista", Public("AI4Math/MathVista", {"test": ("testmini-*.parquet",)}, _mathvista, {"test": "testmini"},
+                         raw_local=True)),
+    ("chartqa", Public("HuggingFaceM4/ChartQA", {"train": ("train-*.parquet",), "test": ("test-*.parquet",)},
+                       _chartqa, raw_local=True)),
 ]}  # keyed by hub name (the name the recipes use), or by short name where there is no hub copy

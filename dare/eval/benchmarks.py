@@ -34,6 +34,8 @@ BENCHMARKS = {
     "mbpp": Benchmark("google-research-datasets/mbpp:sanitized"),
     "countdown": Benchmark("countdown"),
     "sudoku": Benchmark("sudoku"),
+    "mathvista": Benchmark("AI4Math/MathVista"),  # testmini; pictures: a model that reads them (LLaDA-V)
+    "chartqa": Benchmark("HuggingFaceM4/ChartQA"),  # relaxed accuracy (the ``relaxed`` reward)
 }
 
 

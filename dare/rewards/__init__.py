@@ -23,6 +23,8 @@ def score_for_source(data_source: str, task: str | None = "math") -> str:
         return "sudoku"
     if data_source == "countdown":
         return "countdown"
+    if data_source == "chartqa":
+        return "relaxed"  # ChartQA's relaxed accuracy on the boxed answer
     return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
 
 
@@ -42,10 +44,10 @@ BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer wit
 
 def answer_instruction(prompt_text: str, data_source: str, task: str | None = "math") -> str:
     """The instruction asking for the format that the row's default reward scores, or "" when the prompt already
-    asks for it. Only the boxed ``math`` reward needs one: the reference's GSM8K/MATH/AIME prompts are bare
+    asks for it. Only the boxed rewards (``math``, ``relaxed``) need one: the reference's GSM8K/MATH/AIME prompts are bare
     questions (models-and-sampling §8, defect 16); countdown/sudoku prompts ask for ``<answer>`` tags, and the code
     reward takes fenced or plain code."""
-    if score_for_source(data_source, task) == "math" and "\\boxed" not in prompt_text:
+    if score_for_source(data_source, task) in ("math", "relaxed") and "\\boxed" not in prompt_text:
         return BOXED_INSTRUCTION
     return ""
 

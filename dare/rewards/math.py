@@ -153,3 +153,29 @@ def math_or_tag(completion: str, ground_truth: str, extra_info: dict | None = No
     """``math``, and without a box the last ``<answer>`` span."""
     pred = last_boxed(completion)
     return _score(last_answer_tag(completion) if pred is None else pred, _gold(ground_truth))
+
+
+RELAXED_TOLERANCE = 0.05  # ChartQA's relaxed accuracy: a number within 5 % of the gold one is right
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(read_number(text).rstrip("%"))
+    except ValueError:
+        return None
+
+
+@reward("relaxed")
+def relaxed(completion: str, ground_truth: str, extra_info: dict | None = None) -> RewardResult:
+    """ChartQA's relaxed accuracy on the last boxed answer: a number within 5 % of the gold number (relative; a gold
+    0 exactly), otherwise the answers equal up to case and spacing (or ``math``'s equivalence)."""
+    pred, gold = last_boxed(completion), _gold(ground_truth)
+    if pred is None:
+        return RewardResult(0.0, 0.0, NO_ANSWER)
+    number, target = _float(pred), _float(gold)
+    if number is not None and target is not None:
+        ok = abs(number - target) <= RELAXED_TOLERANCE * abs(target)
+    else:
+        ok = " ".join(pred.lower().split()) == " ".join(gold.lower().split()) or is_equiv(pred.strip(), gold)
+    return RewardResult(float(ok), float(ok), pred)
+
