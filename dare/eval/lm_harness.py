@@ -19,6 +19,8 @@ so plain ``lm_eval --model dare`` cannot see it. In Python, ``import dare.eval.l
   one-token continuation the only mask count is 1, so the value is the exact ``log p(token | context, [MASK])``.
   ``is_greedy`` is exact for one-token continuations of masked families (the masked position's argmax) and False
   otherwise.
+* A model that reads pictures (LLaDA-V) runs lm-eval's multimodal generation tasks (``chartqa``, ``mmmu_val``...):
+  each request's pictures (lm-eval's ``visual``) decode with its context as a ``PicturePrompt``.
 * The engine's options are model arguments too, by their field names (the hf engine's ``compile=true`` and
   ``compile_mode``: compiled decoding; SGLang's ``mem_fraction``, ``tp``, ...).
 """
@@ -30,6 +32,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
+from ..data.images import IMAGE, PicturePrompt
 from ..engines import check_decoding, get_engine, make_engine
 from ..models.loading import load_config, load_weights, max_positions
 from ..sampling import SamplingConfig
@@ -82,6 +85,7 @@ class DARELM(LM):
         self.model = load_weights(pretrained, config, torch_dtype, attn_implementation).to(self._device).eval()
         self.engine = make_engine(engine, pretrained, self.tokenizer, self.family, model=self.model, options=options,
                                   max_batch_size=self.batch_size)
+        self.MULTIMODAL = self.family.pictures  # lm-eval hands picture tasks (chartqa, mmmu...) only to such a model
 
     @property
     def device(self):
@@ -103,7 +107,10 @@ class DARELM(LM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         pairs = []
-        for context, continuation in (r.args for r in requests):
+        if any(len(r.args) > 2 and (r.args[2] or {}).get("visual") for r in requests):
+            raise NotImplementedError("loglikelihood with pictures: DARE scores picture tasks by generation "
+                                      "(generate_until tasks such as chartqa)")
+        for context, continuation, *_ in (r.args for r in requests):
             spaces = len(context) - len(context.rstrip(" "))  # lm-eval's convention: the space goes with the answer
             context, continuation = context[:len(context) - spaces], context[len(context) - spaces:] + continuation
             pairs.append((self._ids(context), self._ids(continuation)))
@@ -133,11 +140,24 @@ class DARELM(LM):
         out = []
         for start in tqdm(range(0, len(requests), self.batch_size), disable=disable_tqdm, desc="generate_until"):
             chunk = [r.args for r in requests[start:start + self.batch_size]]
-            rollout = self.engine.generate([context for context, _ in chunk], 1, self.sampling, seed=self.seed + start)
-            for (_, kwargs), text in zip(chunk, rollout.texts, strict=True):
+            rollout = self.engine.generate([with_pictures(*args) for args in chunk], 1, self.sampling,
+                                           seed=self.seed + start)
+            for (_, kwargs, *_), text in zip(chunk, rollout.texts, strict=True):
                 until = kwargs.get("until") or []
                 out.append(cut(text, [until] if isinstance(until, str) else until))
         return out
+
+
+def with_pictures(context: str, kwargs: dict, aux: dict | None = None):
+    """A request's prompt: its context, or with the pictures of a multimodal task (lm-eval's ``visual``) a
+    ``PicturePrompt``, an ``<image>`` put first for each picture the context does not place (as lm-eval's own
+    multimodal models do)."""
+    pictures = (aux or {}).get("visual") or []
+    pictures = pictures if isinstance(pictures, list) else [pictures]
+    if not pictures:
+        return context
+    missing = max(len(pictures) - context.count(IMAGE), 0)
+    return PicturePrompt(IMAGE * missing + context, tuple(p.convert("RGB") for p in pictures))
 
 
 def cut(text: str, until: list[str]) -> str:

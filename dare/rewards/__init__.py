@@ -44,9 +44,9 @@ BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer wit
 
 def answer_instruction(prompt_text: str, data_source: str, task: str | None = "math") -> str:
     """The instruction asking for the format that the row's default reward scores, or "" when the prompt already
-    asks for it. Only the boxed rewards (``math``, ``relaxed``) need one: the reference's GSM8K/MATH/AIME prompts are bare
-    questions (models-and-sampling §8, defect 16); countdown/sudoku prompts ask for ``<answer>`` tags, and the code
-    reward takes fenced or plain code."""
+    asks for it. Only the boxed rewards (``math``, ``relaxed``) need one: the reference's GSM8K/MATH/AIME prompts are
+    bare questions (models-and-sampling §8, defect 16); countdown/sudoku prompts ask for ``<answer>`` tags, and the
+    code reward takes fenced or plain code."""
     if score_for_source(data_source, task) in ("math", "relaxed") and "\\boxed" not in prompt_text:
         return BOXED_INSTRUCTION
     return ""

@@ -5,6 +5,7 @@ before and after on held-out questions it never trained on, with a table and a P
     python recipes/quickstart/run.py --family sdar                # block diffusion; --algo NAME: any algorithm
     python recipes/quickstart/run.py --family diffusion_gemma     # uniform noise (d1, wd1, gdpo), ~15 minutes
     python recipes/quickstart/run.py --sft-steps 100 --rl-steps 4 --output-dir outputs/qs-smoke   # a smoke run
+    python recipes/quickstart/run.py --family llada_v --task shapes   # pictures: tiny LLaDA-V counts shapes, ~8 min
 
 Stages (each a real script's main, each writing under --output-dir): data (generated train split; the held-out
 questions are disjoint from it) -> SFT (train_sft.py) -> measure -> RL (train_rl.py --algo) -> measure ->
@@ -42,7 +43,7 @@ class Args:
     # diffusion_gemma 0.26: its loss leaves a plateau at a step that differs between CPUs; others never)
     sft_stop_at_loss: float | None = None
     rl_steps: int = 90  # rollout batches of 16 prompts x 8 completions (offline algorithms: steps of 16 pairs)
-    learning_rate: float = 1e-3  # RL, constant
+    learning_rate: float | None = None  # RL, constant (None: the task's, the lab's TASK_LEARNING_RATE, else 1e-3)
     offline_learning_rate: float = 1e-4  # offline preference optimisation (vrpo), on the SFT model's own mistakes
     prompt_masking: float = 0.0  # p_prompt where prompt tokens are masked (d1, spg: 0.15; docs/getting-started.md)
     num_iterations: int | None = 1  # passes over each rollout batch (None: the algorithm's, espo 8, d-treerpo 12)
