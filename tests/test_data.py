@@ -50,6 +50,19 @@ def test_example_layout_and_masks(name, jsonl):
         assert loss[0].sum() == 64 - ex["prompt_length"] and attn.all()
 
 
+@pytest.mark.parametrize("name,tail", [("llada2", True), ("llada", False)])
+def test_eos_tail_overrides_the_familys_recipe(name, tail, jsonl):
+    """data.eos_tail trains the EOS run after the response (attended, in the loss) for a family whose recipe leaves
+    it as padding, and makes it padding for one that trains it."""
+    tok, fam = family_of(name)
+    cfg = SFTDataConfig(path=jsonl, prompt_key="q", response_key="a", max_length=64, eos_tail=tail)
+    ex = tokenize_sft(load_rows(jsonl)[0], tok, fam, cfg)
+    batch = SFTCollator(fam, cfg)([ex])
+    trained = 64 - ex["prompt_length"] if tail else len(ex["input_ids"]) - ex["prompt_length"]
+    assert int(batch["loss_mask"][0].sum()) == trained
+    assert int(batch["attention_mask"][0].sum()) == (64 if tail else len(ex["input_ids"]))
+
+
 def test_pad_to_longest_and_nested_keys(jsonl):
     tok, fam = family_of("sdar")
     cfg = SFTDataConfig(path=jsonl, prompt_key="q", response_key="a", pad_to="longest", max_length=512)

@@ -49,6 +49,10 @@ class SFTDataConfig:
     pad_to: str = "max_length"
     # several examples per max_length row, each attended and noised on its own; no EOS tail (dare/data/sft.py)
     pack: bool = False
+    # train the EOS run after each response (true: LLaDA's way, which teaches a model to fill the canvas after its
+    # stop; false: padding, as LLaDA-V, LLaDA2 and DiffusionGemma train); None: the family's recipe. A tiny model
+    # trained from scratch needs it to decode a canvas (a LLaDA-V checkpoint learnt it as LLaDA-Instruct)
+    eos_tail: bool | None = None
     limit: int | None = None  # use only the first N rows
     eval_path: str | None = None  # held-out examples (same formats and keys as path): eval_loss every eval_steps
     eval_split: str = "test"  # split of a hub eval dataset (task:<name>: test = the held-out questions)
@@ -184,6 +188,8 @@ class SFTCollator:
         """``reader`` (``dare.models.pictures``): examples with pictures get ``pixel_values`` / ``image_sizes``, their
         placeholders renumbered over the batch."""
         self.family, self.config, self.recipe, self.reader = family, config, recipe_for(family), reader
+        if config.eos_tail is not None:
+            self.recipe = replace(self.recipe, mask_pads=config.eos_tail)
 
     def __call__(self, examples: list[dict]) -> dict:
         if self.config.pack:

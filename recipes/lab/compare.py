@@ -203,6 +203,11 @@ SFT_STEPS = {"diffusion_gemma": 10000}
 # 1e-3 collapses to no answers after ~40 rollouts (0.234 -> 0.000, -28.2 SE); at 3e-4 +3.2 SE (0.234 -> 0.259)
 TASK_LEARNING_RATE = {"sudoku": 3e-4}
 SFT_STOP_AT_LOSS = {"diffusion_gemma": 0.26}
+# families whose lab start also learns the EOS run after the answer (their own recipe leaves it as padding): a tiny
+# LLaDA-V from scratch never learns what follows its stop, fills the canvas's tail with answer pieces, and d1 at 1e-3
+# then breaks the answer within a step ("The answer isboxedboxed{1}."; bench/results/cpu-2026-12-07/shapes-lab.md).
+# A LLaDA-V checkpoint learnt the fill as LLaDA-Instruct.
+EOS_TAIL = {"llada_v"}
 
 
 def row_length(task: str, family: str, rows: int = 4000) -> int:
@@ -266,6 +271,7 @@ def sft(family: str, lab: Lab, folder: Path) -> str:
                        stop_at_loss=sft_stop_at_loss(family, lab), overwrite_output_dir=True)  # a killed run anew
     a.data.path, a.data.prompt_key, a.data.response_key = train, "prompt", "extra_info.solution"
     a.data.max_length, a.data.pad_to = max(64, row_length(lab.task, family) + 8), "longest"
+    a.data.eos_tail = True if family in EOS_TAIL else None
     steps = train_sft.main(a).state.global_step
     (folder / "sft.json").write_text(json.dumps({"steps": steps, "stop_at_loss": a.stop_at_loss}))
     return str(folder)
