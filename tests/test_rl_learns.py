@@ -41,7 +41,7 @@ CASES = [(algo, "llada") for algo in lab_module.known()]
 CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo", "tracerl", "tracerl:value", "dipo")]
 CASES += [("tracerl:value", "llada"), ("dmpo:lab", "llada")]  # a value model; dmpo's lab profile (the mean baseline)
 CASES += [(algo, "diffusion_gemma") for algo in ("d1", "wd1", "gdpo")]  # uniform noise (SFT to a loss of 0.26)
-CASES += [(algo, "llada_v") for algo in ("d1", "unigrpo", "maskgrpo")]  # pictures: counting shapes (task:shapes)
+CASES += [(algo, "llada_v") for algo in ("d1", "unigrpo:lab", "maskgrpo")]  # pictures: counting shapes (task:shapes)
 TASKS = {"llada_v": "shapes"}  # a family's task where it is not sum4
 
 

@@ -62,6 +62,9 @@ LAB_PROFILES = {
     # 3e-4: +7.0 SE
     "coupled-grpo": {"learning_rate": 3e-4},
     "cj-grpo": {"learning_rate": 3e-4},  # the same start at 1e-3: seed 0 +13.2 SE, seed 1 -6.7 SE
+    # the LLaDA start of stop 65 (0.197), seed 0: 1e-3 +1.1 SE (without the accuracy filter it rises, then collapses:
+    # -11.7 SE; its gradient norms reach 0.8, d1's 0.08), 3e-4 +14.4 SE
+    "unigrpo": {"learning_rate": 3e-4},
     "ebpo": {"learning_rate": 1e-4},  # SDAR seed 0 at 1e-3 collapses after ~70 rollouts; at 1e-4 +0.140 (18 SE)
     "gdpo": {"learning_rate": 3e-4},  # the same start, seed 7: 1e-3 +0.059, 3e-4 +0.090, 1e-4 +0.072
     # seed 7, training reward over 60 rollouts: the negative-sample baseline collapses at 1e-4 to 1e-3 (alpha 0.1 and
