@@ -381,8 +381,7 @@ class Remasking:
         return {"masks": (_maskable(batch) & hidden)[:, None]}
 
     def score(self, model, family, batch, noise) -> Estimate:
-        estimate = masked_copies(model, family, batch, noise["masks"])
-        return Estimate(estimate.logp[:, 0], estimate.entropy)
+        return score_tokens(model, family, batch, _masked_input(family, batch, noise["masks"][:, 0]))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from ..config import one_of
 from ..likelihood import Remasking
 from . import register
 from .base import Advantage, Algorithm, LossMask
-from .core import masked_stats
+from .core import masked_stats, token_mean
 
 
 @register("maskgrpo")
@@ -75,6 +75,6 @@ class MaskGRPO(Algorithm):
         old = batch["old"][slot] if "old" in batch else estimate.logp.detach()
         ref = batch["ref"][slot] if "ref" in batch else None
         per_token, stats = self.surrogate(estimate.logp, old, batch["advantages"], ref, estimate.entropy)
-        hidden = noise["masks"][:, 0].to(per_token.dtype)
+        hidden = noise["masks"][:, 0]
         total = normaliser.reshape(-1)[slot] if normaliser.numel() > 1 else normaliser
-        return (per_token * hidden).sum() / total.clamp(min=1), masked_stats(stats, hidden)
+        return token_mean(per_token, hidden, total), masked_stats(stats, hidden.to(per_token.dtype))

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .chat import encode
 
 IMAGE = "<image>"  # where an image stands in a prompt (LLaVA's and LLaDA-V's placeholder)
@@ -150,8 +152,6 @@ def used_pictures(reader, ids, lists: list) -> dict:
     """The model's picture inputs for rows ``ids`` of a batch numbered by ``number_pictures`` (a micro-batch of a
     rollout, whose ids may sit in several tensors: they stay as they are): the pictures those rows use, and
     ``picture_at``, the batch's numbers of their features (none if they use none)."""
-    import torch
-
     feature, images, at = -ids - 1, [], []
     for first, count, own in lists:
         if bool(((ids < 0) & (feature >= first) & (feature < first + count)).any()):

@@ -319,17 +319,16 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         algo, family = self.algorithm, self.scoring_family
         with eval_policy(self) as policy, self.compute_loss_context_manager():
             rolled = self.rollouts.rollout_policy(policy)
-            for part in parts:
-                reading = self._reading(rolled, part) if old else None  # the part's picture features once
-                for noise in part["noise"]:
-                    if old:
-                        part.setdefault("old", []).append(algo.score(reading, family, part, noise,
-                                                                     self.sampling).logp)
-                    if algo.needs_reference:
-                        with reference(self.ref_model, policy) as ref:
-                            model = self._reading(ref, part)
-                            part.setdefault("ref", []).append(algo.score(model, family, part, noise,
-                                                                         self.sampling).logp)
+            for part in parts:  # each model handed the part's pictures once (their features computed once)
+                if old:
+                    reading = self._reading(rolled, part)
+                    part["old"] = [algo.score(reading, family, part, noise, self.sampling).logp
+                                   for noise in part["noise"]]
+                if algo.needs_reference:
+                    with reference(self.ref_model, policy) as ref:
+                        reading = self._reading(ref, part)
+                        part["ref"] = [algo.score(reading, family, part, noise, self.sampling).logp
+                                       for noise in part["noise"]]
 
     def _reading(self, model, batch: dict, fixed: bool = True):
         """``model`` handed the micro-batch's pictures (``fixed``: their features computed once, without gradients),
