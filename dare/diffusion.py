@@ -38,6 +38,9 @@ recipe we follow UPSTREAM:
            after them, which carry nothing). The remote code's own ``block_diff`` loss divides the two sums by one
            count (masked + seq_len); its released configs say "bidirectional" (the inference-time mode).
 
+* mmada    LLaDA's recipe, as MMaDA trains its understanding and text rows (``prepare_inputs_and_labels_for_mmu`` of
+           Gen-Verse/MMaDA ``training/train_mmada_stage4.py``): p = (1-eps) t + eps, eps = 1e-3, CE / p over the masked
+           answer tokens (its EOS padding included) / the answer length, averaged over the batch.
 * llada_v  LLaDA-V's ``forward`` (``modeling_llada.py`` of ML-GSAI/LLaDA-V): LLaDA's recipe over the response tokens
            only (its labels: the prompt, the picture features and the padding are -100): t ~ U(0, 1),
            p = (1-eps) t + eps, eps = 1e-3; CE / p summed per sequence over its masked tokens, divided by its response
@@ -113,6 +116,7 @@ RECIPES = {
     "diffusion_gemma": NoiseRecipe(t_high=1 - 2e-4, eps=1e-4, weight="none", mask_pads=False),
     "nemotron_diffusion": NoiseRecipe(normalizer="masked", mask_pads=False, diffusion_weight=0.3, causal_loss=True),
     "llada_v": NoiseRecipe(mask_pads=False),
+    "mmada": NoiseRecipe(),
 }
 
 

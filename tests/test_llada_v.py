@@ -197,7 +197,7 @@ def test_pictures_fill_their_placeholders_and_the_text_reads_them():
 
 
 def test_a_picture_prompt_holds_each_pictures_placeholders_between_its_text_pieces():
-    from dare.data.images import picture_prompt_ids
+    from dare.models.readers import picture_prompt_ids
 
     _, tok = tiny("llada")
     config = tiny_config(300, mask_token_id=299)
@@ -218,9 +218,9 @@ def test_dares_samplers_decode_a_picture_prompt_handed_the_model_with_its_pictur
     """DARE's masked-diffusion sampler, unchanged, decodes picture prompts when handed ``WithPictures``: a permuted
     batch decodes to the permuted answers (each placeholder names its feature), features computed once equal
     features computed at every step, and the bare model refuses the placeholders."""
-    from dare.data.images import picture_prompt_ids
     from dare.models import Family
     from dare.models.llada_v import WithPictures
+    from dare.models.readers import picture_prompt_ids
     from dare.sampling import SamplingConfig, generate
 
     _, tok = tiny("llada")

@@ -82,7 +82,8 @@ def spec_loss(logits, x0, masked, loss_mask, t, name, causal_logits=None):
 
 
 def test_recipes_follow_upstream():
-    assert set(RECIPES) == set(FAMILIES) | {"diffusion_gemma", "llada_v"}
+    assert set(RECIPES) == set(FAMILIES) | {"diffusion_gemma", "llada_v", "mmada"}
+    assert RECIPES["mmada"] == RECIPES["llada"]  # MMaDA trains its understanding rows as LLaDA its answers
     # LLaDA-V: LLaDA's per-sequence recipe over the response only (labels -100 on prompt, pictures and padding)
     assert RECIPES["llada_v"] == NoiseRecipe(0.0, 1.0, 1e-3, "inverse_t", "answer_length", False, False)
     # Google's uniform-noise SFT: t uniform inside (1e-4, 1 - 1e-4), no weighting, a per-example mean

@@ -23,6 +23,10 @@ EXPECTED = {  # family -> (bos, eos/pad, mask_token attr, other specials)
     "llada2": ("<|startoftext|>", "<|endoftext|>", "<|mask|>", ["<role>", "</role>", "<|role_end|>"]),
     "diffusion_gemma": ("<bos>", "<eos>", None, ["<unk>", "<|turn>", "<turn|>"]),  # uniform noise: no mask
     "nemotron_diffusion": ("<s>", "<|im_end|>", None, ["<SPECIAL_100>", "<|im_start|>", "<think>", "</think>"]),
+    # LLaDA's, with MMaDA's task and picture tokens (reserved tokens of the real one) named
+    "mmada": ("<|startoftext|>", "<|endoftext|>", None,
+              ["<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<role>", "</role>",
+               "<|soi|>", "<|eoi|>", "<|t2i|>", "<|mmu|>"]),
 }
 PAD = {"diffusion_gemma": "<pad>"}  # Gemma's own pad token at id 0 (eos 1, bos 2); the others pad with EOS
 SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
@@ -39,6 +43,7 @@ SINGLE_TURN = {  # user "Q?" + add_generation_prompt=True, from the spec
     "nemotron_diffusion": "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
                           "<think></think>",
 }
+SINGLE_TURN["mmada"] = SINGLE_TURN["llada"]  # LLaDA's tokenizer and template
 
 
 def U(c): return {"role": "user", "content": c}

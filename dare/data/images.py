@@ -17,7 +17,8 @@ import torch
 
 from .chat import encode
 
-IMAGE = "<image>"  # where an image stands in a prompt (LLaVA's and LLaDA-V's placeholder)
+IMAGE = "<image>"  # where a picture stands in a prompt (LLaVA's and LLaDA-V's placeholder)
+
 _URI = re.compile(r"data:image/[\w.+-]+;base64,(.*)", re.S)
 
 
@@ -85,21 +86,6 @@ def row_images(row: dict, prompt: str, base: Path | None = None, where: str = "r
     return [load_image(b, where=f"{where} image {i}") for i, b in enumerate(raw)]
 
 
-def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) -> list[int]:
-    """A rendered prompt's ids with each ``<image>`` replaced by its picture's placeholders: ``counts[i]`` ids
-    ``-(j + 1)`` naming features ``j`` of the batch's pictures, numbered from ``first`` (the model's ``embed``). The
-    text between pictures is tokenized piece by piece, as LLaVA's ``tokenizer_image_token`` does."""
-    pieces = text.split(IMAGE)
-    if len(pieces) - 1 != len(counts):
-        raise ValueError(f"the prompt has {len(pieces) - 1} {IMAGE} placeholder(s) for {len(counts)} picture(s)")
-    ids = tokenizer(pieces[0], add_special_tokens=False).input_ids
-    for piece, count in zip(pieces[1:], counts, strict=True):
-        ids += list(range(-1 - first, -1 - first - count, -1))
-        first += count
-        ids += tokenizer(piece, add_special_tokens=False).input_ids
-    return ids
-
-
 @dataclass(frozen=True, eq=False)
 class PicturePrompt:
     """A prompt (text or chat messages) with its pictures (PIL, one per ``<image>``, in order): what the engines
@@ -109,17 +95,21 @@ class PicturePrompt:
     pictures: tuple
 
 
-def encode_pictured(tokenizer, reader, prompts: list) -> list[list[int]]:
-    """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s: each ``<image>`` becomes its
-    picture's placeholders, numbered from 0 in each prompt (``batch_pictures`` renumbers them over a batch)."""
+def encode_pictured(tokenizer, reader, prompts: list, lengths: bool = False) -> list:
+    """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s, read by the model's ``reader``
+    (``dare.models.pictures``): LLaDA-V's each ``<image>`` becomes its picture's placeholders, numbered from 0 in each
+    prompt (``batch_pictures`` renumbers them over a batch); MMaDA's, its picture's tokens. ``lengths``: only each
+    prompt's number of ids (MMaDA's without reading its picture)."""
     out = []
     for prompt in prompts:
         if not isinstance(prompt, PicturePrompt):
-            out += encode(tokenizer, [prompt])
+            ids = encode(tokenizer, [prompt])[0]
+            out.append(len(ids) if lengths else ids)
             continue
         text = prompt.prompt if isinstance(prompt.prompt, str) else tokenizer.apply_chat_template(
             prompt.prompt, add_generation_prompt=True, tokenize=False)
-        out.append(picture_prompt_ids(tokenizer, text, [reader.count((p.height, p.width)) for p in prompt.pictures]))
+        read = reader.prompt_length if lengths else reader.prompt_ids
+        out.append(read(tokenizer, text, prompt.pictures))
     return out
 
 

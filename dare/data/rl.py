@@ -137,7 +137,7 @@ def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig, limi
     counted as the placeholders it takes: ``reader``, ``dare.models.pictures``, of a model that reads pictures; the
     others dropped and counted), and the longest of them."""
     rows = prompt_rows(path, split, config, limit, images=reader is not None)
-    lengths = [len(ids) for ids in encode_pictured(tokenizer, reader, [pictured_prompt(r) for r in rows])]
+    lengths = encode_pictured(tokenizer, reader, [pictured_prompt(r) for r in rows], lengths=True)
     kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= config.max_prompt_length]
     if len(kept) < len(rows):
         print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .images import batch_pictures, load_image, picture_prompt_ids, row_image_bytes, row_images
+from .images import batch_pictures, load_image, row_image_bytes, row_images
 from .loading import LocalDir, get_field, has_field
 
 
@@ -155,7 +155,7 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig, reader=Non
         where = f"a row of prompt {text[:60]!r}"
         raw = row_image_bytes(row, base, where)  # kept as bytes: the collator decodes them again
         images = row_images({"images": raw}, text, where=where)
-        prompt_ids = picture_prompt_ids(tokenizer, text, [reader.count((i.height, i.width)) for i in images])
+        prompt_ids = reader.prompt_ids(tokenizer, text, images)
         extra = {"images": raw}
     turn_end = [i for i in family.stop_ids if i != family.eos_id][:1]
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + turn_end + [family.eos_id]

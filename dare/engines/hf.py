@@ -107,7 +107,8 @@ class HFEngine(Engine):
                 if reader is not None:  # the micro-batch's prompts' pictures, their features numbered over it
                     own = owners[i:i + self.max_batch_size]
                     fed, inputs = batch_pictures(reader, prompt_ids, own + own[-1:] * (len(padded) - len(rows)))
-                    decoder = reader.wrap(self.decoder, **{k: v.to(device) for k, v in inputs.items()})
+                    if inputs:  # features to hand the model (LLaDA-V); MMaDA's pictures are tokens of the prompt
+                        decoder = reader.wrap(self.decoder, **{k: v.to(device) for k, v in inputs.items()})
                 out = generate(decoder, self.family, fed, prompt_mask, config, generator, partial,
                                from_step, to_step, fixed_shapes=self.settings.compile)
                 own = slice(len(rows)), slice(wider, None)  # the micro-batch's rows and prompt columns

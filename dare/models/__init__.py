@@ -7,25 +7,30 @@ from .dream import DreamConfig, DreamModel
 from .family import Family
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
-from .llada_v import LLaDAVConfig, LLaDAVModelLM, PictureReader
+from .llada_v import LLaDAVConfig, LLaDAVModelLM
 from .loading import load_pretrained, load_tokenizer
+from .mmada import MMadaConfig, MMadaModelLM
 from .nemotron_diffusion import NemotronDiffusionConfig, NemotronLabsDiffusionModel
+from .readers import PictureReader, PictureTokens
 from .sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
 from .tiny import TINY, save_tiny, tiny
 
 for _config, _model in [(LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), (SDARConfig, SDARForCausalLM),
                         (SDARMoeConfig, SDARMoeForCausalLM), (LLaDA2MoeConfig, LLaDA2MoeModelLM),
-                        (NemotronDiffusionConfig, NemotronLabsDiffusionModel), (LLaDAVConfig, LLaDAVModelLM)]:
+                        (NemotronDiffusionConfig, NemotronLabsDiffusionModel), (LLaDAVConfig, LLaDAVModelLM),
+                        (MMadaConfig, MMadaModelLM)]:
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
 
 FAMILIES = tuple(TINY)
-PICTURE_READERS = {"llava_llada": PictureReader}  # model_type -> what reads its pictures (Family.pictures)
+# model_type -> what reads its pictures (Family.pictures)
+PICTURE_READERS = {"llava_llada": PictureReader, "mmada": PictureTokens}
 
 
 def pictures(config):
-    """The picture reader of a model that reads pictures (``PictureReader``), None for a text model."""
+    """The picture reader of a model that reads pictures (LLaDA-V's ``PictureReader``: features; MMaDA's
+    ``PictureTokens``: tokens), None for a text model."""
     reader = PICTURE_READERS.get(getattr(config, "model_type", None))
     return reader(config) if reader is not None else None
 
@@ -33,6 +38,6 @@ def pictures(config):
 __all__ = ["FAMILIES", "Family", "PICTURE_READERS", "TINY", "load_pretrained", "load_tokenizer", "pictures",
            "save_tiny", "tiny",
            "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
-           "LLaDAVConfig", "LLaDAVModelLM",
+           "LLaDAVConfig", "LLaDAVModelLM", "MMadaConfig", "MMadaModelLM",
            "NemotronDiffusionConfig", "NemotronLabsDiffusionModel", "SDARConfig", "SDARForCausalLM", "SDARMoeConfig",
            "SDARMoeForCausalLM"]

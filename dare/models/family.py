@@ -22,13 +22,14 @@ KNOWN = {"llada": ("llada", False, "linear", "low_confidence", "one"),
          "llada2_moe": ("llada2", False, "linear", "low_confidence", "schedule"),
          "diffusion_gemma": ("diffusion_gemma", False, "linear", "low_confidence", "one"),
          "nemotron_labs_diffusion": ("nemotron_diffusion", False, "linear", "low_confidence", "one"),
-         "llava_llada": ("llada_v", False, "linear", "low_confidence", "one")}
+         "llava_llada": ("llada_v", False, "linear", "low_confidence", "one"),
+         "mmada": ("mmada", False, "linear", "low_confidence", "one")}
 UNIFORM = ("diffusion_gemma",)  # families whose noise is uniform random tokens, not a mask token
 # families that decode blocks of config.block_size against a causal context (their attention is not block-causal: a
 # block is read bidirectionally, committed tokens left to right; dare/sampling/causal.py). They train on [x_t ‖ x_0]
 # with blocks of that size and a clean half read left to right (Nemotron's block_diff), or plainly bidirectionally.
 CAUSAL_CONTEXT = ("nemotron_diffusion",)
-PICTURES = ("llada_v",)  # families whose prompts may hold pictures (dare.models.pictures reads them)
+PICTURES = ("llada_v", "mmada")  # families whose prompts may hold pictures (dare.models.pictures reads them)
 
 
 def max_positions(config) -> int | None:
@@ -40,7 +41,7 @@ def max_positions(config) -> int | None:
 
 @dataclass(frozen=True)
 class Family:
-    name: str                      # llada dream sdar sdar_moe llada2 diffusion_gemma nemotron_diffusion llada_v
+    name: str                      # llada ... llada_v mmada (KNOWN)
     mask_id: int                   # -1 for uniform-noise families (they have no mask token)
     eos_id: int
     pad_id: int

@@ -211,26 +211,6 @@ class WithPictures(nn.Module):
             return getattr(super().__getattr__("model"), name)
 
 
-class PictureReader:
-    """What the data, the trainers and the engines need of a family that reads pictures (``dare.models.pictures``):
-    PIL pictures -> the model's inputs, the placeholders a picture takes, and the model handed its pictures."""
-
-    def __init__(self, config):
-        self.config, self.processor = config, image_processor(config)
-
-    def __call__(self, images: list) -> dict:
-        """``pixel_values`` ``[N, crops, 3, S, S]`` and ``image_sizes`` ``[N, 2]`` of N pictures."""
-        out = self.processor(images=images, return_tensors="pt")
-        return {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]}
-
-    def count(self, size) -> int:
-        return feature_count(self.config, size)
-
-    def wrap(self, model, pixel_values, image_sizes, fixed: bool = True, picture_at=None):
-        """``model`` handed these pictures (``WithPictures``; ``picture_at``: ``LLaDAVModelLM.embed``'s)."""
-        return WithPictures(model, pixel_values, image_sizes, fixed, picture_at)
-
-
 def placeholders(first: int, count: int) -> torch.Tensor:
     """The ids standing for picture features ``first .. first + count - 1`` of a batch (``LLaDAVModelLM.embed``)."""
     return -1 - torch.arange(first, first + count)

@@ -7,8 +7,8 @@
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from . import diffusion_gemma, dream, llada, llada2, llada_v, nemotron_diffusion, sdar
-from .tokenizers import MASK_IN_CONFIG, tiny_tokenizer
+from . import diffusion_gemma, dream, llada, llada2, llada_v, mmada, nemotron_diffusion, sdar
+from .tokenizers import MASK_IN_CONFIG, TOKENS_IN_CONFIG, tiny_tokenizer
 
 TINY = {
     "llada": (llada.tiny_config, llada.LLaDAModelLM),
@@ -19,6 +19,7 @@ TINY = {
     "diffusion_gemma": (diffusion_gemma.tiny_config, DiffusionGemmaForBlockDiffusion),
     "nemotron_diffusion": (nemotron_diffusion.tiny_config, nemotron_diffusion.NemotronLabsDiffusionModel),
     "llada_v": (llada_v.tiny_config, llada_v.LLaDAVModelLM),
+    "mmada": (mmada.tiny_config, mmada.MMadaModelLM),
 }
 
 
@@ -30,7 +31,8 @@ def tiny_parts(family: str, **config_overrides):
     tok = tiny_tokenizer(family)
     mask = tok.mask_token or MASK_IN_CONFIG.get(family)  # LLaDA's, Nemotron's: the id lives in the config
     ids = dict(mask_token_id=tok.convert_tokens_to_ids(mask) if mask else None, eos_token_id=tok.eos_token_id,
-               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+               **{key: tok.convert_tokens_to_ids(t) for key, t in TOKENS_IN_CONFIG.get(family, {}).items()})
     vocab = config_overrides.pop("vocab_size", len(tok))  # larger than the tokenizer's: e.g. an official vocabulary
     return make_config(vocab, **{**ids, **config_overrides}), tok
 

@@ -12,15 +12,21 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma", "nemotron_diffusion")  # sdar_moe: sdar's
+FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma", "nemotron_diffusion", "mmada")  # sdar_moe: sdar's
 VOCAB_SIZE = 512  # including special tokens
 
 # Token the model emits to end its turn.
 TURN_END = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "sdar": "<|im_end|>", "llada2": "<|role_end|>",
-            "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>", "llada_v": "<|eot_id|>"}  # LLaDA's
+            "diffusion_gemma": "<turn|>", "nemotron_diffusion": "<|im_end|>", "llada_v": "<|eot_id|>",
+            "mmada": "<|eot_id|>"}  # LLaDA-V's and MMaDA's: LLaDA's
 
 # The mask token of families whose tokenizer declares none (the id is config.mask_token_id): its string here.
-MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>", "llada_v": "<|mdm_mask|>"}
+MASK_IN_CONFIG = {"llada": "<|mdm_mask|>", "nemotron_diffusion": "<SPECIAL_100>", "llada_v": "<|mdm_mask|>",
+                  "mmada": "<|mdm_mask|>"}
+
+# Config fields naming special tokens of a tiny tokenizer (the real ones are reserved ids, the config's defaults).
+TOKENS_IN_CONFIG = {"mmada": {"soi_token_id": "<|soi|>", "eoi_token_id": "<|eoi|>", "t2i_token_id": "<|t2i|>",
+                              "mmu_token_id": "<|mmu|>"}}
 
 # ---- chat templates (compact, tool-free rewrites of the official ones) ----
 
@@ -157,6 +163,8 @@ _SPEC = {
         extra=["<SPECIAL_100>", "<|im_start|>", "<think>", "</think>"],
     ),
 }
+# MMaDA: LLaDA's tokenizer, whose reserved tokens it uses for its task and picture tokens (named here)
+_SPEC["mmada"] = {**_SPEC["llada"], "extra": _SPEC["llada"]["extra"] + list(TOKENS_IN_CONFIG["mmada"].values())}
 
 _CORPUS = r"""Question: What is 2 + 3? Answer: 2 + 3 = 5. The answer is 5.
 Question: Natalia sold 48 clips in April and half as many in May. How many clips did she sell?

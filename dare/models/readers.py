@@ -1,0 +1,138 @@
+"""What reads a picture family's pictures (``dare.models.pictures(config)``), for the data, the trainers and the
+engines: LLaDA-V's ``PictureReader`` (each ``<image>`` becomes placeholders the model fills with the picture's
+features) and MMaDA's ``PictureTokens`` (the picture becomes MAGVIT-v2 codes, plain tokens of the prompt). Both turn a
+rendered prompt and its PIL pictures into ids (``prompt_ids``); only features need the model handed its pictures
+(``__call__``, ``wrap``). Kept apart from the family files, which ship with a checkpoint and import nothing of DARE.
+"""
+
+import functools
+import re
+from pathlib import Path
+
+import torch
+
+from ..hub import before_loading
+from .llada_v import WithPictures, feature_count, image_processor
+from .magvit import MAGVITv2
+from .magvit import tiny_config as tiny_magvit
+from .mmada import TINY_TOKENIZER
+
+IMAGE = "<image>"  # dare.data.images.IMAGE (the data's placeholder; not imported: dare.models sits below the data)
+
+
+def picture_prompt_ids(tokenizer, text: str, counts: list[int], first: int = 0) -> list[int]:
+    """A rendered prompt's ids with each ``<image>`` replaced by its picture's placeholders: ``counts[i]`` ids
+    ``-(j + 1)`` naming features ``j`` of the batch's pictures, numbered from ``first`` (the model's ``embed``). The
+    text between pictures is tokenized piece by piece, as LLaVA's ``tokenizer_image_token`` does."""
+    pieces = text.split(IMAGE)
+    if len(pieces) - 1 != len(counts):
+        raise ValueError(f"the prompt has {len(pieces) - 1} {IMAGE} placeholder(s) for {len(counts)} picture(s)")
+    ids = tokenizer(pieces[0], add_special_tokens=False).input_ids
+    for piece, count in zip(pieces[1:], counts, strict=True):
+        ids += list(range(-1 - first, -1 - first - count, -1))
+        first += count
+        ids += tokenizer(piece, add_special_tokens=False).input_ids
+    return ids
+
+
+class PictureReader:
+    """What the data, the trainers and the engines need of a family that reads pictures (``dare.models.pictures``):
+    PIL pictures -> the model's inputs, the placeholders a picture takes, and the model handed its pictures."""
+
+    def __init__(self, config):
+        self.config, self.processor = config, image_processor(config)
+
+    def __call__(self, images: list) -> dict:
+        """``pixel_values`` ``[N, crops, 3, S, S]`` and ``image_sizes`` ``[N, 2]`` of N pictures."""
+        out = self.processor(images=images, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]}
+
+    def count(self, size) -> int:
+        return feature_count(self.config, size)
+
+    def prompt_ids(self, tokenizer, text: str, pictures) -> list[int]:
+        """A rendered prompt's ids, each ``<image>`` its picture's placeholders (numbered from 0)."""
+        return picture_prompt_ids(tokenizer, text, [self.count((p.height, p.width)) for p in pictures])
+
+    def prompt_length(self, tokenizer, text: str, pictures) -> int:
+        """``len(prompt_ids(...))``."""
+        return len(self.prompt_ids(tokenizer, text, pictures))
+
+    def wrap(self, model, pixel_values, image_sizes, fixed: bool = True, picture_at=None):
+        """``model`` handed these pictures (``WithPictures``; ``picture_at``: ``LLaDAVModelLM.embed``'s)."""
+        return WithPictures(model, pixel_values, image_sizes, fixed, picture_at)
+
+
+@functools.cache
+def image_tokenizer(name: str) -> MAGVITv2:
+    """The MAGVIT-v2 of ``vq_model_name``: a folder, a hub name (downloaded once), or ``tiny:magvit`` (random, seed 0);
+    loaded once per process, frozen."""
+    if name == TINY_TOKENIZER:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = MAGVITv2(tiny_magvit()).eval()
+    else:
+        folder = name
+        if not Path(name).is_dir():
+            from huggingface_hub import snapshot_download
+
+            before_loading()
+            folder = snapshot_download(name)
+        model = MAGVITv2.from_folder(folder)
+    return model.requires_grad_(False)
+
+
+def square(picture, side: int):
+    """A PIL picture padded to a square with white (centred), then resized bicubically to ``side`` (dLLM-RL's RL
+    transform), as ``[3, side, side]`` in [-1, 1]."""
+    from PIL import Image
+
+    picture = picture.convert("RGB")
+    width, height = picture.size
+    if width != height:
+        big = max(width, height)
+        canvas = Image.new("RGB", (big, big), (255, 255, 255))
+        canvas.paste(picture, ((big - width) // 2, (big - height) // 2))
+        picture = canvas
+    picture = picture.resize((side, side), Image.BICUBIC)
+    pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8).view(side, side, 3)
+    return pixels.permute(2, 0, 1).float() / 127.5 - 1.0
+
+
+class PictureTokens:
+    """What the data, the trainers and the engines need of MMaDA's pictures (``dare.models.pictures``): a prompt's
+    picture becomes ``<|mmu|> <|soi|> codes <|eoi|>`` ahead of its chat text, plain token ids (no features, so the
+    batches carry no picture inputs and ``wrap`` is never needed)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    @property
+    def tokenizer(self) -> MAGVITv2:
+        return image_tokenizer(self.config.vq_model_name)
+
+    def codes(self, pictures) -> torch.Tensor:
+        """``[N, num_vq_tokens]`` token ids (codes + ``llm_vocab_size``) of N PIL pictures."""
+        pixels = torch.stack([square(p, self.config.resolution) for p in pictures])
+        with torch.no_grad():
+            return self.tokenizer.codes(pixels) + self.config.llm_vocab_size
+
+    def prompt_ids(self, tokenizer, text: str, pictures) -> list[int]:
+        """A rendered prompt's ids: its picture's tokens, then the text without its ``<image>`` (MMaDA reads one
+        picture, ahead of the chat)."""
+        if text.count(IMAGE) != len(pictures):
+            raise ValueError(f"the prompt has {text.count(IMAGE)} {IMAGE} placeholder(s) for {len(pictures)} "
+                             "picture(s)")
+        if len(pictures) > 1:
+            raise ValueError(f"MMaDA reads one picture per prompt, this one has {len(pictures)}")
+        c = self.config
+        head = [c.mmu_token_id, c.soi_token_id, *self.codes(pictures)[0].tolist(), c.eoi_token_id] if pictures else []
+        return head + self.text_ids(tokenizer, text)
+
+    def prompt_length(self, tokenizer, text: str, pictures) -> int:
+        """``len(prompt_ids(...))`` without reading the picture: its tokens are always ``num_vq_tokens`` + 3."""
+        return (self.config.num_vq_tokens + 3) * min(len(pictures), 1) + len(self.text_ids(tokenizer, text))
+
+    @staticmethod
+    def text_ids(tokenizer, text: str) -> list[int]:
+        return tokenizer(re.sub(re.escape(IMAGE) + r"\n?", "", text), add_special_tokens=False).input_ids
