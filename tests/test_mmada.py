@@ -137,3 +137,29 @@ def test_sft_lora_rl_and_evaluation_run_on_pictures_with_tiny_mmada(tmp_path):
                                               batch_size=2, model_name="tiny:mmada")["task:shapes"]
     first, again = run(), run()
     assert (first["decoded"], again["decoded"], again["reused"]) == (4, 0, 4)
+
+
+def test_every_algorithm_that_trains_llada_trains_mmada():
+    """MMaDA's pictures are prompt tokens and its trunk is LLaDA's: the matrix gives it LLaDA's column."""
+    from dare.algos import get_algorithm, known
+
+    assert all(get_algorithm(n).supports("mmada") == get_algorithm(n).supports("llada") for n in known())
+
+
+@pytest.mark.parametrize("algo", ["unigrpo", "maskgrpo"])
+def test_the_multimodal_rl_methods_train_mmada_on_pictures(algo, tmp_path):
+    """UniGRPO (MMaDA's own) and MaskGRPO on tiny:mmada and the visual task: two steps with inner iterations and a KL
+    reference, on-policy at the first."""
+    import train_rl
+    from dare.data.tasks import write_task
+
+    data = write_task("shapes", str(tmp_path / "shapes.parquet"), 16)
+    args = train_rl.args_class(algo)(model="tiny:mmada", output_dir=str(tmp_path / "rl"), max_steps=2, save_steps=2,
+                                      prompts_per_step=2, num_generations=4, micro_batch_size=4,
+                                      rewards=["dare_test_rewards.length"], learning_rate=3e-2)
+    args.data.path, args.rollout.gen_length, args.rollout.temperature = data, 8, 1.0
+    args.algo_config.num_iterations, args.algo_config.beta = 2, 0.1
+    train_rl.main(args)
+    log = json.loads((tmp_path / "rl" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    first = [h for h in log if "loss" in h][0]
+    assert first["ratio"] == 1.0 and first["kl"] == 0.0 and first["grad_norm"] > 0

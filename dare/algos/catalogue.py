@@ -14,7 +14,8 @@ from . import ALGORITHMS, known
 from .base import NOISE_WHY, Algorithm
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes (absent from a wheel)
-FAMILY_ORDER = ("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma", "nemotron_diffusion", "llada_v")
+FAMILY_ORDER = ("llada", "dream", "sdar", "sdar_moe", "llada2", "diffusion_gemma", "nemotron_diffusion", "llada_v",
+                "mmada")
 
 
 def paper(cls) -> tuple[str | None, str | None]:

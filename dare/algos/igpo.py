@@ -74,7 +74,7 @@ class IGPO(Algorithm):
     its hinted successes replace original completions, the advantages are taken over the mixed group, and the hint
     tokens stay out of $m$. $\ell$: d1's one-step estimate."""
 
-    families: ClassVar[tuple[str, ...]] = ("llada", "dream", "llada_v")
+    families: ClassVar[tuple[str, ...]] = ("llada", "dream", "llada_v", "mmada")
     why_not: ClassVar[str] = "a block family decodes blocks left to right: a block never sees later blocks' hints"
     needs_sampler: ClassVar[str] = "decodings from a canvas with given (hint) tokens"
 
