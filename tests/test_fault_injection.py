@@ -40,12 +40,16 @@ RUNS = {
               "--gen-length", "16"], []),
 }
 TIMING = ("time", "second", "runtime", "per_s", "tok", "flos")  # wall-clock measurements differ run to run
+# One math thread per run: bit-for-bit comparisons across processes need reductions that do not depend on how the
+# library splits work under load (a resumed VRPO step once differed from the straight run's in the last bit of one
+# gradient, on a loaded machine; 32 resumes of the same checkpoint on a quieter one all matched).
+SINGLE = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run(argv: list[str], out: Path, kill_after: float | None = None) -> None:
     flag = "--output-dir"
     proc = subprocess.Popen([sys.executable, *argv, flag, str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=SINGLE)
     if kill_after is None:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
