@@ -9,6 +9,7 @@
     python evaluate.py --model JetLM/SDAR-8B-Chat --threshold 0.9   # interactive chat (empty line or Ctrl-D quits)
     python evaluate.py --model tiny:llada --prompt "Hi" --cache dual --threshold 0.9   # offline, random tiny model
     python evaluate.py --model tiny:sdar --prompt "Hi" --trajectory trajectory.html     # replay the unmasking order
+    python evaluate.py --model Gen-Verse/MMaDA-8B-MixCoT --prompt "A red apple on a table" --draw apple.png
     python evaluate.py --model JetLM/SDAR-8B-Chat --engine sglang --bench gsm8k --threshold 0.9   # SGLang's environment
     python evaluate.py --model GSAI-ML/LLaDA-8B-Instruct --protocol d1 --bench gsm8k,math500,countdown,sudoku \
         --data-dir ../shared/data/rl/test --gen-length 256   # d1's protocol (docs/evaluation.md "Reproducing")
@@ -55,6 +56,11 @@ class Args:
     seed: int = 0
     show_order: bool = False  # also print the step at which each generated token was fixed
     trajectory: str | None = None  # write an HTML page replaying the decoding order of the (last) answer here
+    # with --prompt and a model that draws (MMaDA): draw the prompt as a picture into this PNG file instead of answering
+    draw: str | None = None
+    draw_steps: int = 15  # --draw's MaskGIT steps (MMaDA's README: 15)
+    draw_guidance: float = 3.5  # --draw's classifier-free guidance g: (1 + g) cond - g uncond; 0 reads the prompt once
+    draw_temperature: float = 1.0  # --draw's confidence noise at the first step (annealed at each)
     # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated
     # task>; with pictures (a model that reads them): mathvista, chartqa, task:shapes
     bench: str | None = None
@@ -80,6 +86,7 @@ Args = with_engine_options(Args)  # + the options of each engine that has them (
 
 HELP_GROUPS = {
     "what to run": "model engine bench protocol prompt system compare plot",
+    "drawing (MMaDA)": "draw draw_steps draw_guidance draw_temperature",
     "benchmarks": "data_dir limit samples pass_k batch_size output_dir overwrite",
     "the model": "dtype device attn_implementation seed",
     "decoding (every SamplingConfig knob; docs/decoding.md)": "sampling",
@@ -136,6 +143,11 @@ def check_modes(args: Args) -> None:
         raise ValueError("--plot draws a --compare chart: give --compare A/report.json B/report.json ...")
     if args.prompt is not None and args.bench:
         raise ValueError("--prompt (one answer) and --bench (benchmarks) are two modes: give one of them")
+    if args.draw and (args.prompt is None or args.engine != "hf"):
+        raise ValueError("--draw draws --prompt as a picture with --engine hf: give --prompt TEXT")
+    if args.draw:
+        from dare.sampling.maskgit import DrawConfig
+        DrawConfig(args.draw_steps, args.draw_guidance, args.draw_temperature)  # a knob out of range: one line
     for name in ("limit", "samples", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
@@ -152,6 +164,7 @@ def check_modes(args: Args) -> None:
 
 def main(args: Args):
     from dare.eval import report
+    from dare.models import pictures
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
 
     check_modes(args)
@@ -170,6 +183,8 @@ def main(args: Args):
     elif args.protocol != "dare":
         raise ValueError("--protocol applies to --bench runs")
     config, tokenizer, family = load_config(args.model)  # the sampling settings are checked before the weights load
+    if args.draw and not hasattr(pictures(config), "drawing_prompts"):
+        raise ValueError(f"--draw: a {family.name} model draws no pictures (MMaDA does)")
     check_decoding(kind, args.sampling, family, "sampling", 0, max_positions(config), engine_options(args, kind.name))
     if (args.show_order or args.trajectory) and not kind.own_samplers:
         raise ValueError("--show-order and --trajectory show DARE's recorded decoding steps: use --engine hf")
@@ -199,6 +214,13 @@ def utf8(text: str, what: str) -> str:
 def serve(args: Args, engine, family, positions: int | None = None):
     if args.bench:
         run_benchmarks(args, engine, positions)
+        return
+    if args.draw:
+        from dare.sampling.maskgit import DrawConfig, draw
+
+        knobs = DrawConfig(args.draw_steps, args.draw_guidance, args.draw_temperature)
+        draw(engine.model, engine.tokenizer, [utf8(args.prompt, "--prompt")], knobs, args.seed)[0].save(args.draw)
+        print(f"[picture written to {args.draw}]", file=sys.stderr)
         return
     history = [{"role": "system", "content": utf8(args.system, "--system")}] if args.system else []
     if args.prompt is not None:

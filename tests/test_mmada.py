@@ -163,3 +163,85 @@ def test_the_multimodal_rl_methods_train_mmada_on_pictures(algo, tmp_path):
     log = json.loads((tmp_path / "rl" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     first = [h for h in log if "loss" in h][0]
     assert first["ratio"] == 1.0 and first["kl"] == 0.0 and first["grad_norm"] > 0
+
+
+class Recording(torch.nn.Module):
+    """The tiny model, keeping the ids of every call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, []
+
+    def forward(self, input_ids, **kwargs):
+        self.calls.append(input_ids.clone())
+        return self.model(input_ids, **kwargs)
+
+
+def test_drawing_prompts_are_mmadas_text_to_image_layout():
+    model, tok = tiny("mmada")
+    c, reader = model.config, pictures(model.config)
+    p = reader.drawing_prompts(tok, ["a red square", "x " * 40], max_text_len=12)
+    text = tok("a red square", add_special_tokens=False).input_ids
+    row = p["ids"][0].tolist()
+    head = [c.t2i_token_id, tok.bos_token_id, *text, tok.eos_token_id]
+    assert row[:13] == [c.pad_token_id] * (13 - len(head)) + head and p["start"] == 14
+    assert row[13:] == [c.soi_token_id] + [c.mask_token_id] * 16 + [c.eoi_token_id]
+    assert p["attention_mask"][0].tolist() == [0] * (13 - len(head)) + [1] * (len(head) + 18)
+    long = p["ids"][1].tolist()  # cut to the text width, still ending with EOS
+    assert long[:2] == [c.t2i_token_id, tok.bos_token_id] and long[12] == tok.eos_token_id
+    assert all(p["attention_mask"][1])
+    assert p["uncond_ids"][0].tolist()[10:13] == [c.t2i_token_id, tok.bos_token_id, tok.eos_token_id]
+    assert p["uncond_ids"][0].tolist()[13:] == row[13:] and (p["first"], p["size"]) == (512, 8192)
+
+
+@pytest.mark.parametrize("guidance", [0.0, 3.5])
+def test_maskgit_commits_codes_on_the_cosine_schedule_and_keeps_them(guidance):
+    """Each step re-masks floor(L cos(pi/2 (s+1)/T)) codes (clamped to [1, still masked - 1]; float32, as MMaDA), never
+    a committed one; the answer is the last step's samples, committed codes included; guidance reads the prompt without
+    its text beside it, sharing the picture's current codes."""
+    from dare.sampling.maskgit import DrawConfig, maskgit
+
+    model, tok = tiny("mmada")
+    reader, recording, steps = pictures(model.config), Recording(model), 6
+    p = reader.drawing_prompts(tok, ["a red square", "two blue circles"], max_text_len=12)
+    codes = maskgit(recording, **p, mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(0),
+                    config=DrawConfig(steps=steps, guidance=guidance))
+    span = slice(p["start"], p["start"] + 16)
+    calls = [c[:2] for c in recording.calls]
+    assert len(calls) == steps and all(len(c) == (4 if guidance else 2) for c in recording.calls)
+    if guidance:
+        assert all(torch.equal(c[2:, :span.start], p["uncond_ids"][:, :span.start]) and
+                   torch.equal(c[2:, span], c[:2, span]) for c in recording.calls)
+    masked, left = [], 16
+    for s in range(steps):
+        target = int((16 * torch.cos(torch.tensor((s + 1) / steps) * torch.pi * 0.5)).floor())
+        left = max(1, min(left - 1, target))
+        masked.append(left)
+    states = [c[:, span] for c in calls] + [None]
+    assert [int((c == model.config.mask_token_id).sum(-1)[0]) for c in states[1:-1]] == masked[:-1]
+    for before, after in zip(states[:-2], states[1:-1], strict=True):
+        kept = before != model.config.mask_token_id
+        assert torch.equal(after[kept], before[kept])  # a committed code never changes
+    last = states[-2] != model.config.mask_token_id
+    assert torch.equal((codes + 512)[last], states[-2][last]) and codes.min() >= 0 and codes.max() < 8192
+
+
+def test_guidance_on_an_empty_prompt_changes_nothing_and_the_codes_decode_to_pictures(tmp_path):
+    """With no text, the prompt and its unconditioned twin are equal: (1 + g) c - g c = c, so guidance draws what no
+    guidance draws from the same generator; the codes decode to pictures of the configured size, and evaluate.py's
+    --draw writes one (a text model refuses in one line)."""
+    import evaluate
+    from dare.sampling.maskgit import DrawConfig, draw, maskgit
+
+    model, tok = tiny("mmada")
+    p = pictures(model.config).drawing_prompts(tok, ["", ""], max_text_len=12)
+    runs = [maskgit(model, **p, mask_id=model.config.mask_token_id, config=DrawConfig(steps=4, guidance=g),
+                    generator=torch.Generator().manual_seed(3)) for g in (0.0, 3.5)]
+    assert torch.equal(*runs)
+    drawn = draw(model, tok, ["a red square"], DrawConfig(steps=3), seed=0)
+    assert len(drawn) == 1 and drawn[0].size == (64, 64) and drawn[0].mode == "RGB"
+    out = tmp_path / "square.png"
+    evaluate.main(evaluate.Args(model="tiny:mmada", prompt="a red square", draw=str(out), draw_steps=3))
+    assert Image.open(out).size == (64, 64)
+    with pytest.raises(ValueError, match="a llada model draws no pictures"):
+        evaluate.main(evaluate.Args(model="tiny:llada", prompt="a red square", draw=str(out)))

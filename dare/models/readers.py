@@ -136,3 +136,35 @@ class PictureTokens:
     @staticmethod
     def text_ids(tokenizer, text: str) -> list[int]:
         return tokenizer(re.sub(re.escape(IMAGE) + r"\n?", "", text), add_special_tokens=False).input_ids
+
+    def drawing_prompts(self, tokenizer, texts: list[str], max_text_len: int = 512) -> dict:
+        """MMaDA's text-to-image prompts (``t2i_gen_prompt``): ``[iPAD] .. <|t2i|> <bos> text <eos> <|soi|>`` +
+        ``num_vq_tokens`` mask ids + ``<|eoi|>``, the text part left-padded (padding outside the attention, inside
+        the positions) to ``max_text_len`` + 1, or cut to it ending with EOS; and the same without the text (guidance).
+        What ``dare.sampling.maskgit.maskgit`` takes."""
+        c, bos, eos = self.config, tokenizer.bos_token_id, tokenizer.eos_token_id
+        width = max_text_len + 1
+
+        def layout(text: str):
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            ids = [c.t2i_token_id, *([] if ids[:1] == [bos] else [bos]), *ids, eos]
+            if len(ids) > width:
+                ids = ids[:width - 1] + [eos]
+            pads = width - len(ids)
+            picture = [c.soi_token_id] + [c.mask_token_id] * c.num_vq_tokens + [c.eoi_token_id]
+            return [c.pad_token_id] * pads + ids + picture, [0] * pads + [1] * (len(ids) + len(picture))
+
+        cond, free = ([layout(t) for t in batch] for batch in (texts, [""] * len(texts)))
+        tensor = lambda rows, i: torch.tensor([r[i] for r in rows])  # noqa: E731
+        return {"ids": tensor(cond, 0), "attention_mask": tensor(cond, 1), "uncond_ids": tensor(free, 0),
+                "uncond_mask": tensor(free, 1), "start": width + 1, "first": c.llm_vocab_size,
+                "size": c.codebook_size}
+
+    def pictures_of(self, codes: torch.Tensor) -> list:
+        """PIL pictures of codes ``[N, num_vq_tokens]`` (MAGVIT-v2's decoder; [-1, 1] -> 0..255, truncated)."""
+        from PIL import Image
+
+        with torch.no_grad():
+            pixels = self.tokenizer.picture(codes.clamp(0, self.config.codebook_size - 1).cpu())
+        pixels = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()  # MMaDA's cast
+        return [Image.fromarray(p) for p in pixels]
