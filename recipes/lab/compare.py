@@ -216,7 +216,7 @@ EOS_TAIL = {"llada_v"}
 def row_length(task: str, family: str, rows: int = 4000) -> int:
     """Tokens of the longest SFT row (chat-templated question and reference answer) of the lab's training rows, a
     picture counted as the placeholders it takes (beside its ``<image>`` text's tokens: a bound)."""
-    from dare.data.images import load_image
+    from dare.data.images import IMAGE, load_image
     from dare.data.tasks import make_task
     from dare.models import pictures
     from dare.models.loading import load_config
@@ -227,8 +227,9 @@ def row_length(task: str, family: str, rows: int = 4000) -> int:
     def placeholders(row):
         seen = [load_image(b) for b in row.get("images") or ()]
         if seen and reader is None:
-            raise SystemExit(f"task {task} asks about pictures: tiny:{family} reads none (tiny:llada_v does)")
-        return sum(reader.count((p.height, p.width)) for p in seen)
+            raise SystemExit(f"task {task} asks about pictures: tiny:{family} reads none (tiny:llada_v and tiny:mmada "
+                             "do)")
+        return reader.prompt_length(tokenizer, IMAGE * len(seen), seen) if seen else 0
 
     return max(len(tokenizer.apply_chat_template(r["prompt"] + [{"role": "assistant", "content": r["extra_info"][
         "solution"]}], tokenize=True, return_dict=False)) + placeholders(r) for r in make_task(task, rows, 0, "train"))
