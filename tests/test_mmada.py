@@ -43,6 +43,8 @@ def test_an_mmada_config_builds_lladas_keys_over_the_grown_vocabulary(shared_mod
              ("soi_token_id", "eoi_token_id", "t2i_token_id", "mmu_token_id")}
     assert names == {"soi_token_id": "<|reserved_token_0|>", "eoi_token_id": "<|reserved_token_1|>",
                      "t2i_token_id": "<|reserved_token_4|>", "mmu_token_id": "<|reserved_token_5|>"}
+    # LLaDA's tokenizer ends at 126348: the codes are tokens 126349 .. 134540, inside the 134656 rows
+    assert max(int(k) for k in reserved) + 1 == 126349 and 126349 + config.codebook_size <= config.vocab_size
     assert Family.from_pretrained(config).name == "mmada" and Family.from_pretrained(config).pictures
 
 
@@ -53,8 +55,8 @@ def test_a_picture_prompt_is_mmu_soi_codes_eoi_then_the_chat_without_its_placeho
     ids = reader.prompt_ids(tok, prompt(tok), [wide])
     codes = image_tokenizer(config.vq_model_name).codes(square(wide, 64)[None])[0]
     assert ids[:2] == [config.mmu_token_id, config.soi_token_id] and ids[18] == config.eoi_token_id
-    assert ids[2:18] == (codes + config.llm_vocab_size).tolist() and config.num_vq_tokens == 16
-    assert all(512 <= i < 512 + 8192 for i in ids[2:18]) and config.vocab_size == 512 + 8192
+    assert ids[2:18] == (codes + len(tok)).tolist() and config.num_vq_tokens == 16  # codes from the tokenizer's end
+    assert len(tok) == 512 and config.vocab_size == config.llm_vocab_size + 8192 == 512 + 64 + 8192
     text = tok.apply_chat_template([{"role": "user", "content": "How many red shapes?"}], add_generation_prompt=True,
                                    tokenize=False)
     assert ids[19:] == tok(text, add_special_tokens=False).input_ids  # the chat as if the picture were not there

@@ -112,10 +112,18 @@ class PictureTokens:
         return image_tokenizer(self.config.vq_model_name)
 
     def codes(self, pictures) -> torch.Tensor:
-        """``[N, num_vq_tokens]`` token ids (codes + ``llm_vocab_size``) of N PIL pictures."""
+        """``[N, num_vq_tokens]`` codes (0 .. codebook_size - 1) of N PIL pictures."""
         pixels = torch.stack([square(p, self.config.resolution) for p in pictures])
         with torch.no_grad():
-            return self.tokenizer.codes(pixels) + self.config.llm_vocab_size
+            return self.tokenizer.codes(pixels)
+
+    def first_code(self, tokenizer) -> int:
+        """The token id of code 0: the text tokenizer's length (MMaDA's offset), checked against the model's rows."""
+        first = len(tokenizer)
+        if first + self.config.codebook_size > self.config.vocab_size:
+            raise ValueError(f"the tokenizer's {first} ids and {self.config.codebook_size} picture codes exceed the "
+                             f"model's {self.config.vocab_size} rows: not this MMaDA's tokenizer")
+        return first
 
     def prompt_ids(self, tokenizer, text: str, pictures) -> list[int]:
         """A rendered prompt's ids: its picture's tokens, then the text without its ``<image>`` (MMaDA reads one
@@ -126,7 +134,8 @@ class PictureTokens:
         if len(pictures) > 1:
             raise ValueError(f"MMaDA reads one picture per prompt, this one has {len(pictures)}")
         c = self.config
-        head = [c.mmu_token_id, c.soi_token_id, *self.codes(pictures)[0].tolist(), c.eoi_token_id] if pictures else []
+        codes = (self.codes(pictures)[0] + self.first_code(tokenizer)).tolist() if pictures else []
+        head = [c.mmu_token_id, c.soi_token_id, *codes, c.eoi_token_id] if pictures else []
         return head + self.text_ids(tokenizer, text)
 
     def prompt_length(self, tokenizer, text: str, pictures) -> int:
@@ -157,7 +166,7 @@ class PictureTokens:
         cond, free = ([layout(t) for t in batch] for batch in (texts, [""] * len(texts)))
         tensor = lambda rows, i: torch.tensor([r[i] for r in rows])  # noqa: E731
         return {"ids": tensor(cond, 0), "attention_mask": tensor(cond, 1), "uncond_ids": tensor(free, 0),
-                "uncond_mask": tensor(free, 1), "start": width + 1, "first": c.llm_vocab_size,
+                "uncond_mask": tensor(free, 1), "start": width + 1, "first": self.first_code(tokenizer),
                 "size": c.codebook_size}
 
     def pictures_of(self, codes: torch.Tensor) -> list:
