@@ -62,7 +62,7 @@ class Args:
     draw_guidance: float = 3.5  # --draw's classifier-free guidance g: (1 + g) cond - g uncond; 0 reads the prompt once
     draw_temperature: float = 1.0  # --draw's confidence noise at the first step (annealed at each)
     # comma-separated benchmarks: gsm8k, math500, aime24, aime25, humaneval, mbpp, countdown, sudoku, task:<generated
-    # task>; with pictures (a model that reads them): mathvista, chartqa, task:shapes
+    # task>; with pictures (a model that reads them): mathvista, chartqa, task:shapes; drawings (MMaDA): task:colours
     bench: str | None = None
     # how prompts are written, answers read, decoding set and results counted: dare | d1 (d1's zero-shot scripts;
     # `python -m dare.eval.protocols` lists every value and its source). A protocol's decoding settings fill the

@@ -206,8 +206,8 @@ def test_maskgit_commits_codes_on_the_cosine_schedule_and_keeps_them(guidance):
     model, tok = tiny("mmada")
     reader, recording, steps = pictures(model.config), Recording(model), 6
     p = reader.drawing_prompts(tok, ["a red square", "two blue circles"], max_text_len=12)
-    codes = maskgit(recording, **p, mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(0),
-                    config=DrawConfig(steps=steps, guidance=guidance))
+    codes, committed = maskgit(recording, **p, mask_id=model.config.mask_token_id, config=DrawConfig(steps, guidance),
+                               generator=torch.Generator().manual_seed(0))
     span = slice(p["start"], p["start"] + 16)
     calls = [c[:2] for c in recording.calls]
     assert len(calls) == steps and all(len(c) == (4 if guidance else 2) for c in recording.calls)
@@ -226,6 +226,9 @@ def test_maskgit_commits_codes_on_the_cosine_schedule_and_keeps_them(guidance):
         assert torch.equal(after[kept], before[kept])  # a committed code never changes
     last = states[-2] != model.config.mask_token_id
     assert torch.equal((codes + 512)[last], states[-2][last]) and codes.min() >= 0 and codes.max() < 8192
+    for s in range(1, steps):  # a code committed at step s is first seen unmasked in the model's input of step s + 1
+        seen = states[s] != model.config.mask_token_id
+        assert torch.equal(seen, committed < s)
 
 
 def test_guidance_on_an_empty_prompt_changes_nothing_and_the_codes_decode_to_pictures(tmp_path):
@@ -238,7 +241,7 @@ def test_guidance_on_an_empty_prompt_changes_nothing_and_the_codes_decode_to_pic
     model, tok = tiny("mmada")
     p = pictures(model.config).drawing_prompts(tok, ["", ""], max_text_len=12)
     runs = [maskgit(model, **p, mask_id=model.config.mask_token_id, config=DrawConfig(steps=4, guidance=g),
-                    generator=torch.Generator().manual_seed(3)) for g in (0.0, 3.5)]
+                    generator=torch.Generator().manual_seed(3))[0] for g in (0.0, 3.5)]
     assert torch.equal(*runs)
     drawn = draw(model, tok, ["a red square"], DrawConfig(steps=3), seed=0)
     assert len(drawn) == 1 and drawn[0].size == (64, 64) and drawn[0].mode == "RGB"
@@ -247,3 +250,62 @@ def test_guidance_on_an_empty_prompt_changes_nothing_and_the_codes_decode_to_pic
     assert Image.open(out).size == (64, 64)
     with pytest.raises(ValueError, match="a llada model draws no pictures"):
         evaluate.main(evaluate.Args(model="tiny:llada", prompt="a red square", draw=str(out)))
+
+
+def test_the_colours_task_asks_for_drawings_and_its_reward_reads_them():
+    """Held-out questions never trained on; a row's reference drawing scores 1, the halves swapped 0, one half right
+    0.5 (not accurate), anything but a picture 0; a malformed ground truth is refused naming the parts."""
+    from dare.data.images import DrawPrompt, pictured_prompt
+    from dare.data.tasks import make_task
+    from dare.rewards import get_reward, score_for_source
+
+    train, test = make_task("colours", 300, 0, "train"), make_task("colours", 30, 0, "test")
+    assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
+    reward = get_reward(score_for_source("colours", "draw"))
+    two = next(r for r in train if "," in r["reward_model"]["ground_truth"])
+    truth = two["reward_model"]["ground_truth"]
+    assert reward(two["extra_info"]["solution"], truth).score == 1.0
+    (a, x), (b, y) = (part.split(":") for part in truth.split(","))
+    assert reward(two["extra_info"]["solution"], f"{a}:{y},{b}:{x}").score == 0.0
+    half = reward(two["extra_info"]["solution"], f"{a}:{x},{b}:{x}")
+    assert (half.score, half.acc) == (0.5, 0.0)
+    assert reward("The picture is red.", truth).score == 0.0 and reward("data:image/png;base64,AAAA", truth).score == 0
+    with pytest.raises(ValueError, match="REGION:COLOUR"):
+        reward(two["extra_info"]["solution"], "middle:red")
+    assert pictured_prompt({**two, "prompt": two["prompt"]}) == DrawPrompt(two["prompt"][0]["content"])
+
+
+def test_the_engine_draws_rollouts_that_evaluation_scores(tmp_path):
+    """HFEngine.generate on DrawPrompts: n drawings a prompt, the prompt up to <|soi|>, the codes as completion ids in
+    the codebook's rows, each code's commit step, the texts the decoded pictures (PNG data URIs); the same seed draws
+    the same; the harness scores task:colours with the colours reward and reuses its records; a text model refuses."""
+    from dare.data.images import DrawPrompt
+    from dare.engines import HFEngine
+    from dare.eval import harness
+    from dare.rewards.pictures import picture_of
+    from dare.sampling import SamplingConfig
+
+    model, tok = tiny("mmada")
+    engine = HFEngine(model, tok, Family.from_pretrained(model.config, tok), max_batch_size=3)
+    config = SamplingConfig(steps=4, temperature=1.0)
+    prompts = [DrawPrompt("Draw a picture that is all red."), DrawPrompt("Draw a picture that is all blue.")]
+    rollout = engine.generate(prompts, 2, config, seed=0)
+    assert rollout.completion_ids.shape == (4, 16) and rollout.prompt_ids[:, -1].eq(model.config.soi_token_id).all()
+    assert rollout.completion_ids.min() >= 512 and rollout.completion_ids.max() < 512 + 8192
+    assert rollout.step_map.min() >= 0 and rollout.step_map.max() == 3 and rollout.nfe == 4 * 2
+    codes = rollout.completion_ids - 512
+    shown = [picture_of(t) for t in rollout.texts]
+    assert [list(p.getdata()) for p in shown] == [list(p.getdata()) for p in pictures(model.config).pictures_of(codes)]
+    again = engine.generate(prompts, 2, config, seed=0)
+    assert torch.equal(again.completion_ids, rollout.completion_ids) and again.texts == rollout.texts
+    assert engine.encode(prompts)[0] == rollout.prompt_ids[0].tolist()
+    out = harness.evaluate_benchmarks(engine, ["task:colours"], config, tmp_path, limit=3, batch_size=2,
+                                      model_name="tiny:mmada")["task:colours"]
+    assert out["decoded"] == 3 and 0.0 <= out["score"] <= 1.0 and "accuracy" in out
+    rerun = harness.evaluate_benchmarks(engine, ["task:colours"], config, tmp_path, limit=3, batch_size=2,
+                                        model_name="tiny:mmada")["task:colours"]
+    assert (rerun["decoded"], rerun["reused"], rerun["score"]) == (0, 3, out["score"])
+    text_model, text_tok = tiny("llada")
+    text = HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok))
+    with pytest.raises(ValueError, match="which draws none"):
+        text.generate(prompts, 1, config)

@@ -95,6 +95,14 @@ class PicturePrompt:
     pictures: tuple
 
 
+@dataclass(frozen=True)
+class DrawPrompt:
+    """A request to draw ``text`` as a picture (a model that draws: MMaDA), what a drawing task's rows decode to: the
+    engine's completion is the picture's codes, its text the picture as a PNG data URI."""
+
+    text: str
+
+
 def encode_pictured(tokenizer, reader, prompts: list, lengths: bool = False) -> list:
     """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s, read by the model's ``reader``
     (``dare.models.pictures``): LLaDA-V's each ``<image>`` becomes its picture's placeholders, numbered from 0 in each
@@ -152,7 +160,11 @@ def used_pictures(reader, ids, lists: list) -> dict:
 
 def pictured_prompt(row: dict):
     """What an engine decodes for an RL or benchmark row: its prompt, with its pictures (``row["images"]``, encoded
-    bytes) as a ``PicturePrompt`` when it has any."""
+    bytes) as a ``PicturePrompt`` when it has any; a drawing task's row (``extra_info.task`` ``draw``) as a
+    ``DrawPrompt`` of its last message."""
+    if (row.get("extra_info") or {}).get("task") == "draw":
+        prompt = row["prompt"]
+        return DrawPrompt(prompt if isinstance(prompt, str) else prompt[-1]["content"])
     if not row.get("images"):
         return row["prompt"]
     return PicturePrompt(row["prompt"], tuple(load_image(b) for b in row["images"]))

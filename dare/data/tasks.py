@@ -139,8 +139,40 @@ def shapes(rng: random.Random, index: int, split: str) -> dict:
     return {**row, "images": [png(picture)]}
 
 
-TASKS = {"addition": addition, "arithmetic": arithmetic, "cycle": cycle, "countdown": countdown, "shapes": shapes,
-         "sudoku": sudoku, "sum4": sum4}
+HALVES = {"top": "bottom", "left": "right"}  # a two-colour drawing splits the picture into these halves
+
+
+def colours(rng: random.Random, index: int, split: str) -> dict:
+    """The generated drawing task (a model that draws: MMaDA): a picture of one colour, or of two colours in its
+    halves (top/bottom or left/right), six colours; the ``colours`` reward scores the drawing (a PNG data URI) by the
+    share of each region in the asked colour. ``extra_info.solution`` is a perfect drawing (64 x 64, a data URI);
+    ``extra_info.task`` is ``draw``."""
+    from PIL import Image
+
+    from ..rewards.pictures import BOXES, PALETTE
+    from .images import data_uri, png
+
+    names = sorted(PALETTE)
+    if rng.random() < 0.2:
+        colour = rng.choice(names)
+        question, truth = f"Draw a picture that is all {colour}.", f"all:{colour}"
+    else:
+        first, second = rng.sample(names, 2)
+        half = rng.choice(sorted(HALVES))
+        question = f"Draw a picture whose {half} half is {first} and whose {HALVES[half]} half is {second}."
+        truth = f"{half}:{first},{HALVES[half]}:{second}"
+    picture = Image.new("RGB", (64, 64))
+    for part in truth.split(","):
+        region, colour = part.split(":")
+        x0, y0, x1, y1 = (round(v * 64) for v in BOXES[region])
+        picture.paste(PALETTE[colour], (x0, y0, x1, y1))
+    row = _row("colours", index, split, question, truth, data_uri(png(picture)))
+    row["extra_info"]["task"] = "draw"
+    return row
+
+
+TASKS = {"addition": addition, "arithmetic": arithmetic, "cycle": cycle, "colours": colours, "countdown": countdown,
+         "shapes": shapes, "sudoku": sudoku, "sum4": sum4}
 TEST_SHARE = 10  # one question in TEST_SHARE is a test question
 
 

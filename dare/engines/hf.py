@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..config import one_of
 from ..data.chat import left_pad
-from ..data.images import PicturePrompt, batch_pictures, encode_pictured
+from ..data.images import DrawPrompt, PicturePrompt, batch_pictures, encode_pictured
 from ..sampling import Generation, SamplingConfig, generate
 from .base import Engine, Rollout, check_prompts, decode_completions, identity, register_engine, weights_digest
 
@@ -60,7 +60,13 @@ class HFEngine(Engine):
         return reader
 
     def encode(self, prompts: list) -> list[list[int]]:
-        """Prompts' token ids; a ``PicturePrompt``'s pictures as their placeholders (numbered from 0 in each)."""
+        """Prompts' token ids; a ``PicturePrompt``'s pictures as their placeholders (numbered from 0 in each), a
+        ``DrawPrompt`` as its text-to-image prompt (``dare.engines.drawing``)."""
+        if any(isinstance(p, DrawPrompt) for p in prompts):
+            from .drawing import drawing_ids
+
+            laid, _ = drawing_ids(self, prompts)
+            return laid["ids"][:, :laid["start"]].tolist()
         if any(isinstance(p, PicturePrompt) for p in prompts):
             return encode_pictured(self.tokenizer, self.reader(), prompts)
         return super().encode(prompts)
@@ -81,6 +87,12 @@ class HFEngine(Engine):
         A ``PicturePrompt`` (a model that reads pictures) hands each micro-batch's model its prompts' pictures
         (features once); ``Rollout.pictures`` keeps each row's."""
         config = config or SamplingConfig()
+        if any(isinstance(p, DrawPrompt) for p in prompts):  # MaskGIT over a picture's codes (dare.engines.drawing)
+            if canvas is not None or not all(isinstance(p, DrawPrompt) for p in prompts):
+                raise ValueError("prompts to draw decode alone and from scratch: no text prompts or canvas beside them")
+            from .drawing import draw_rollout
+
+            return draw_rollout(self, prompts, n, config, seed)
         if given is not None and (canvas is None or (given.bool() & (canvas == self.family.mask_id)).any()):
             raise ValueError("given marks canvas tokens: it needs a canvas with a token at every given position")
         device = next(self.model.parameters()).device

@@ -4,14 +4,15 @@ Every reward is ``fn(completion, ground_truth, extra_info=None) -> RewardResult`
 ``@reward("name")``. Recipes name rewards (optionally with weights, see :func:`combine`); a row without an
 explicit choice gets :func:`score_for_source`'s default, which mirrors DARE's dispatch (models-and-sampling §6.2).
 
-Known names: math, math_answer_tag, math_or_tag, gsm8k, gsm8k_or_tag (``dare.rewards.math``); countdown, sudoku
-(``dare.rewards.puzzles``); format_strict, format_soft, format_xml_count (``dare.rewards.format``); code
-(``dare.rewards.code``, run in the sandbox of ``dare.rewards.sandbox``).
+Known names: math, math_answer_tag, math_or_tag, gsm8k, gsm8k_or_tag, relaxed (``dare.rewards.math``); countdown,
+sudoku (``dare.rewards.puzzles``); colours (drawings, ``dare.rewards.pictures``); format_strict, format_soft,
+format_xml_count (``dare.rewards.format``); code (``dare.rewards.code``, run in the sandbox of
+``dare.rewards.sandbox``).
 """
 
 from __future__ import annotations
 
-from . import code, format, math, puzzles  # noqa: F401  (register the built-in rewards)
+from . import code, format, math, pictures, puzzles  # noqa: F401  (register the built-in rewards)
 from .base import REWARDS, RewardFn, RewardResult, combine, get_reward, reward
 
 
@@ -25,6 +26,8 @@ def score_for_source(data_source: str, task: str | None = "math") -> str:
         return "countdown"
     if data_source == "chartqa":
         return "relaxed"  # ChartQA's relaxed accuracy on the boxed answer
+    if data_source == "colours":
+        return "colours"  # a drawing's colours where its prompt asks for them
     return "math"  # gsm8k, math, math500, aime...: DARE scores all of them with the boxed math reward
 
 

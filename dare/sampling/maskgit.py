@@ -43,11 +43,11 @@ def gumbel(shape, generator, device) -> torch.Tensor:
 @torch.no_grad()
 def maskgit(model, ids: torch.Tensor, attention_mask: torch.Tensor, start: int, first: int, size: int,
             mask_id: int, config: DrawConfig, uncond_ids: torch.Tensor | None = None,
-            uncond_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+            uncond_mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> tuple:
     """The codes ``[B, L]`` of the masked span ``ids[:, start:start + L]`` (every id there ``mask_id``, L = all the
     masked ids), vocabulary rows ``first .. first + size - 1`` holding the codes. Positions count every column, padding
     included, as MMaDA's model reads them; ``uncond_*``: the prompt without its text, the same length, for
-    guidance."""
+    guidance. Also the step at which each code was committed ``[B, L]`` (the last step's samples: the last step)."""
     ids = ids.clone()
     length = int((ids[0] == mask_id).sum())
     span = slice(start, start + length)
@@ -56,7 +56,7 @@ def maskgit(model, ids: torch.Tensor, attention_mask: torch.Tensor, start: int, 
     positions = torch.arange(ids.shape[1], device=ids.device)[None]
     guided = config.guidance > 0 and uncond_ids is not None
     codes = torch.full((ids.shape[0], length), -1, dtype=torch.long, device=ids.device)  # -1: still masked
-    tau, sampled = config.temperature, codes
+    tau, sampled, committed = config.temperature, codes, torch.full_like(codes, config.steps - 1)
     for step in range(config.steps):
         if guided:
             uncond = uncond_ids.clone()
@@ -82,9 +82,10 @@ def maskgit(model, ids: torch.Tensor, attention_mask: torch.Tensor, start: int, 
         confidence = torch.log(chosen.clamp(min=1e-20)) + tau * gumbel(chosen.shape, generator, ids.device)
         cut = confidence.sort(-1).values.gather(1, keep_masked)
         masked = confidence < cut
+        committed = torch.where(unknown & ~masked, step, committed)
         codes = torch.where(masked, -1, sampled)
         ids[:, span] = torch.where(masked, mask_id, sampled + first)
-    return sampled
+    return sampled, committed
 
 
 def draw(model, tokenizer, texts: list[str], config: DrawConfig | None = None, seed: int | None = None) -> list:
@@ -100,5 +101,5 @@ def draw(model, tokenizer, texts: list[str], config: DrawConfig | None = None, s
     prompts = reader.drawing_prompts(tokenizer, texts)
     prompts = {k: v.to(device) if torch.is_tensor(v) else v for k, v in prompts.items()}
     generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
-    codes = maskgit(model, **prompts, mask_id=model.config.mask_token_id, config=config, generator=generator)
+    codes, _ = maskgit(model, **prompts, mask_id=model.config.mask_token_id, config=config, generator=generator)
     return reader.pictures_of(codes)
