@@ -149,7 +149,7 @@ def training_arguments(args: Args, validate: bool) -> "TrainingArguments":  # no
 
 def online(args: Args, config, tokenizer, family) -> partial:
     """The ``rl`` trainer: prompts, rewards, the rollout's decoding and its engine, checked; TrainingArguments."""
-    from dare.data.rl import fitting_prompts
+    from dare.data.rl import check_drawings, fitting_prompts
     from dare.likelihood import check_scoring
     from dare.models import pictures
     from dare.models.loading import max_positions
@@ -169,6 +169,7 @@ def online(args: Args, config, tokenizer, family) -> partial:
                                                 args.data.eval_limit, reader) if args.data.eval_path else (None, 0))
     rewards.check({r["data_source"] for r in train + (evaluation or [])})
     rewards.check_rows(train + (evaluation or []))
+    check_drawings(train + (evaluation or []), algo)
     sampling = check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", longest,
                               positions, engine_options(args, engine.name))
     check_scoring(family, sampling)

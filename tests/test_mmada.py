@@ -309,3 +309,64 @@ def test_the_engine_draws_rollouts_that_evaluation_scores(tmp_path):
     text = HFEngine(text_model, text_tok, Family.from_pretrained(text_model.config, text_tok))
     with pytest.raises(ValueError, match="which draws none"):
         text.generate(prompts, 1, config)
+
+
+def test_a_drawing_is_scored_over_the_codebooks_rows_at_every_columns_position():
+    """The model a drawing's scorer is handed (PictureTokens.wrap of Rollout.reading): a code's log-probability is the
+    log-softmax over the codebook's rows alone (MaskGIT's distribution), read at positions 0 .. L-1 padding included
+    (as MaskGIT reads them); its config and parameters are the model's."""
+    model, tok = tiny("mmada")
+    reader = pictures(model.config)
+    p = reader.drawing_prompts(tok, ["Draw a picture that is all red."])
+    wrapped = reader.wrap(model, torch.tensor([p["first"], p["size"]]))
+    assert wrapped.config is model.config and next(wrapped.parameters()) is next(model.parameters())
+    ids = p["ids"].clone()
+    ids[0, p["start"]:p["start"] + 16] = torch.arange(16) * 97 + 512  # some codes
+    with torch.no_grad():
+        ours = wrapped(input_ids=ids, attention_mask=p["attention_mask"]).logits.log_softmax(-1)
+        plain = model(ids, attention_mask=p["attention_mask"], position_ids=torch.arange(ids.shape[1])[None]).logits
+        shifted = model(ids, attention_mask=p["attention_mask"]).logits  # DARE's default: padding not counted
+    window = slice(512, 512 + 8192)
+    assert torch.allclose(ours[..., window], plain[..., window].log_softmax(-1), atol=1e-5)
+    assert ours[..., :512].exp().max() == 0 and ours[..., 512 + 8192:].exp().max() == 0
+    assert not torch.allclose(plain, shifted, atol=1e-4)  # the positions matter: the prompt is padded
+
+
+def test_rl_trains_a_drawing_model_on_the_drawing_task(tmp_path, monkeypatch):
+    """train_rl.py on task:colours with tiny:mmada: d1 and MaskGRPO roll out drawings with MaskGIT, score them with
+    the colours reward, and train through the codebook's reading (its forward runs in old, reference and policy
+    scoring); the rollout's codes fill the completion; an algorithm that replays the masked sampler's steps and a text
+    model are refused before the weights load."""
+    import train_rl
+    from dare.data.tasks import write_task
+    from dare.models import readers
+
+    data = write_task("colours", str(tmp_path / "colours.parquet"), 16)
+    calls = []
+    forward = readers.Codebook.forward
+    monkeypatch.setattr(readers.Codebook, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+
+    def run(algo, name, **kw):
+        args = train_rl.args_class(algo)(**{**dict(model="tiny:mmada", output_dir=str(tmp_path / name), max_steps=2,
+                                                   save_steps=2, prompts_per_step=2, num_generations=4,
+                                                   micro_batch_size=4, learning_rate=3e-2), **kw})
+        args.data.path, args.rollout.temperature, args.rollout.steps = data, 1.0, 4
+        if algo != "tracerl":
+            args.algo_config.beta = 0.1
+        if algo == "maskgrpo":
+            args.algo_config.num_iterations = 2
+        return args
+
+    for algo in ("d1", "maskgrpo"):
+        train_rl.main(run(algo, algo))
+        log = json.loads((tmp_path / algo / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+        first = [h for h in log if "loss" in h][0]
+        assert first["completion_length"] == 16 and 0 < first["reward"] < 1 and first["grad_norm"] > 0
+        assert first["kl"] == 0.0 and first.get("ratio", 1.0) == 1.0
+        completions = (tmp_path / algo / "completions.jsonl").read_text()
+        assert completions.count("data:image/png;base64,") >= 2  # a few logged completions a step
+    assert len(calls) >= 8
+    with pytest.raises(ValueError, match="tracerl replays the masked sampler's steps"):
+        train_rl.main(run("tracerl", "tracerl"))
+    with pytest.raises(ValueError, match="draws none"):
+        train_rl.main(run("d1", "text", model="tiny:llada"))

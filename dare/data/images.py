@@ -106,10 +106,18 @@ class DrawPrompt:
 def encode_pictured(tokenizer, reader, prompts: list, lengths: bool = False) -> list:
     """``dare.data.chat.encode`` for prompts some of which are ``PicturePrompt``s, read by the model's ``reader``
     (``dare.models.pictures``): LLaDA-V's each ``<image>`` becomes its picture's placeholders, numbered from 0 in each
-    prompt (``batch_pictures`` renumbers them over a batch); MMaDA's, its picture's tokens. ``lengths``: only each
-    prompt's number of ids (MMaDA's without reading its picture)."""
+    prompt (``batch_pictures`` renumbers them over a batch); MMaDA's, its picture's tokens; a ``DrawPrompt``, its
+    text-to-image prompt up to ``<|soi|>``. ``lengths``: only each prompt's number of ids (MMaDA's without reading its
+    picture)."""
     out = []
     for prompt in prompts:
+        if isinstance(prompt, DrawPrompt):
+            if not hasattr(reader, "drawing_prompts"):
+                raise ValueError(f"a drawing task ({prompt.text[:40]!r}...) for a model that draws none (MMaDA does)")
+            laid = reader.drawing_prompts(tokenizer, [prompt.text])
+            ids = laid["ids"][0, :laid["start"]].tolist()  # up to <|soi|>: the rollout's prompt
+            out.append(len(ids) if lengths else ids)
+            continue
         if not isinstance(prompt, PicturePrompt):
             ids = encode(tokenizer, [prompt])[0]
             out.append(len(ids) if lengths else ids)

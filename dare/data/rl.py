@@ -145,3 +145,13 @@ def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig, limi
     if not kept:
         raise ValueError(f"{path}: no prompt fits data.max_prompt_length={config.max_prompt_length}")
     return [r for r, _ in kept], max(n for _, n in kept)
+
+
+def check_drawings(rows: list[dict], algorithm) -> None:
+    """Drawing rows (``extra_info.task`` ``draw``) take the algorithms that score a completion by masking it: one that
+    replays the masked sampler's steps is refused in one line (a drawing is decoded by MaskGIT)."""
+    if any((r.get("extra_info") or {}).get("task") == "draw" for r in rows) and (
+            algorithm.needs_steps or algorithm.needs_sampler):
+        why = algorithm.needs_sampler or algorithm.needs_steps
+        raise ValueError(f"{algorithm.name} replays the masked sampler's steps ({why}); drawings are decoded by "
+                         "MaskGIT: train them with an algorithm that masks completions (d1, maskgrpo, unigrpo, ...)")

@@ -45,6 +45,8 @@ class Rollout:
     # a family that reads pictures: each row's prompt's pictures (PIL; a prompt's rows share one list), its prompt
     # ids numbering their features from 0 (dare.data.images.batch_pictures renumbers them over a batch)
     pictures: list | None = None
+    # what scoring these rows hands the model (the reader's ``wrap``): a drawing's {"codebook": [first, size]}
+    reading: dict | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -97,7 +99,7 @@ class Rollout:
         return replace(parts[0], prompt_ids=cat("prompt_ids", True), prompt_mask=cat("prompt_mask", True),
                        **{name: cat(name) for name in COMPLETION_SIDE}, texts=[t for p in parts for t in p.texts],
                        nfe=sum(p.nfe for p in parts), seconds=sum(p.seconds for p in parts), stats=stats,
-                       pictures=pictures)
+                       pictures=pictures, reading=parts[0].reading)
 
     def overwrite(self, rows: list[int], other: "Rollout", picks: list[int]) -> "Rollout":
         """This rollout with its rows ``rows`` replaced by ``other``'s rows ``picks`` (completions of the same prompts:

@@ -1,10 +1,11 @@
 """Drawing rollouts of the ``hf`` engine (a model that draws: MMaDA): ``DrawPrompt``s decoded by MaskGIT
 (``dare.sampling.maskgit``) into a ``Rollout`` whose prompt is the text-to-image prompt up to ``<|soi|>`` (its padding
 outside ``prompt_mask``), whose completion is the picture's codes as token ids (``<|eoi|>``, which closes the picture,
-is left out), ``step_map`` the step each code was committed, and whose texts are the pictures as PNG data URIs (what
-the ``colours`` reward reads). The sampling knobs a drawing takes: ``steps`` (MaskGIT steps, default 15),
-``cfg_scale`` (guidance against the prompt without its text) and ``temperature`` (the confidence noise's start);
-the rest do not apply to drawing."""
+is left out), ``step_map`` the step each code was committed, whose texts are the pictures as PNG data URIs (what the
+``colours`` reward reads), and whose ``reading`` hands a scorer the model over the codebook's rows
+(``PictureTokens.wrap``: a code's probability is MaskGIT's, its softmax over the codes). The sampling knobs a drawing
+takes: ``steps`` (MaskGIT steps, default 15), ``cfg_scale`` (guidance against the prompt without its text) and
+``temperature`` (the confidence noise's start); the rest do not apply to drawing."""
 
 import time
 
@@ -56,4 +57,5 @@ def draw_rollout(engine, prompts: list, n: int, config: SamplingConfig, seed: in
     parts = -(-len(codes) // engine.max_batch_size)
     return Rollout(laid["ids"][:, :start].to(device), laid["attention_mask"][:, :start].to(device),
                    codes + laid["first"], torch.ones_like(codes), steps, torch.zeros_like(steps), texts,
-                   nfe=knobs.steps * parts, seconds=time.perf_counter() - began)
+                   nfe=knobs.steps * parts, seconds=time.perf_counter() - began,
+                   reading={"codebook": torch.tensor([laid["first"], laid["size"]])})

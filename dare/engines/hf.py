@@ -56,18 +56,13 @@ class HFEngine(Engine):
 
         reader = pictures(self.model.config)
         if reader is None:
-            raise ValueError(f"prompts with pictures, for a {self.family.name} model, which reads none")
+            raise ValueError(f"prompts with pictures (or to draw), for a {self.family.name} model, which reads none")
         return reader
 
     def encode(self, prompts: list) -> list[list[int]]:
         """Prompts' token ids; a ``PicturePrompt``'s pictures as their placeholders (numbered from 0 in each), a
         ``DrawPrompt`` as its text-to-image prompt (``dare.engines.drawing``)."""
-        if any(isinstance(p, DrawPrompt) for p in prompts):
-            from .drawing import drawing_ids
-
-            laid, _ = drawing_ids(self, prompts)
-            return laid["ids"][:, :laid["start"]].tolist()
-        if any(isinstance(p, PicturePrompt) for p in prompts):
+        if any(isinstance(p, (PicturePrompt, DrawPrompt)) for p in prompts):
             return encode_pictured(self.tokenizer, self.reader(), prompts)
         return super().encode(prompts)
 

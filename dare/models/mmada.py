@@ -27,7 +27,8 @@ TINY_TOKENIZER = "tiny:magvit"  # vq_model_name of the tiny models: a seeded ran
 @strict
 class MMadaConfig(LLaDAConfig):
     """LLaDA's fields, the vocabulary grown by the codebook, and MMaDA's keys. ``vq_model_name`` and the four picture
-    token ids are DARE's (the official config has none: they default to MMaDA's)."""
+    token ids, and the drawing prompt's text width, are DARE's (the official config has none: they default to
+    MMaDA's)."""
 
     model_type = "mmada"
     vocab_size: int = 134656
@@ -38,6 +39,7 @@ class MMadaConfig(LLaDAConfig):
     num_vq_tokens: int = 1024  # a picture's codes: (512 px / 16)^2
     num_new_special_tokens: int = 0
     vq_model_name: str = "showlab/magvitv2"  # where the image tokenizer's weights are (hub name or folder)
+    drawing_text_length: int = 512  # a text-to-image prompt's text width (MMaDA's preprocessing.max_seq_length)
     soi_token_id: int = RESERVED["soi_token_id"]
     eoi_token_id: int = RESERVED["eoi_token_id"]
     t2i_token_id: int = RESERVED["t2i_token_id"]
@@ -60,5 +62,5 @@ def tiny_config(vocab_size: int, **overrides) -> MMadaConfig:
     rows = vocab_size + 8192 + 64
     kw = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=rows,
               embedding_size=rows, new_vocab_size=rows, llm_vocab_size=vocab_size + 64, num_vq_tokens=16,
-              max_sequence_length=1024, vq_model_name=TINY_TOKENIZER)
+              max_sequence_length=1024, vq_model_name=TINY_TOKENIZER, drawing_text_length=32)
     return MMadaConfig(**{**kw, **overrides})

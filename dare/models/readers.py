@@ -146,13 +146,13 @@ class PictureTokens:
     def text_ids(tokenizer, text: str) -> list[int]:
         return tokenizer(re.sub(re.escape(IMAGE) + r"\n?", "", text), add_special_tokens=False).input_ids
 
-    def drawing_prompts(self, tokenizer, texts: list[str], max_text_len: int = 512) -> dict:
+    def drawing_prompts(self, tokenizer, texts: list[str], max_text_len: int | None = None) -> dict:
         """MMaDA's text-to-image prompts (``t2i_gen_prompt``): ``[iPAD] .. <|t2i|> <bos> text <eos> <|soi|>`` +
         ``num_vq_tokens`` mask ids + ``<|eoi|>``, the text part left-padded (padding outside the attention, inside
-        the positions) to ``max_text_len`` + 1, or cut to it ending with EOS; and the same without the text (guidance).
-        What ``dare.sampling.maskgit.maskgit`` takes."""
+        the positions) to ``max_text_len`` + 1 (the config's ``drawing_text_length``: MMaDA's 512), or cut to it ending
+        with EOS; and the same without the text (guidance). What ``dare.sampling.maskgit.maskgit`` takes."""
         c, bos, eos = self.config, tokenizer.bos_token_id, tokenizer.eos_token_id
-        width = max_text_len + 1
+        width = (max_text_len or c.drawing_text_length) + 1
 
         def layout(text: str):
             ids = tokenizer(text, add_special_tokens=False).input_ids
@@ -169,6 +169,10 @@ class PictureTokens:
                 "uncond_mask": tensor(free, 1), "start": width + 1, "first": self.first_code(tokenizer),
                 "size": c.codebook_size}
 
+    def wrap(self, model, codebook, fixed: bool = True):
+        """``model`` scoring a drawing (``Rollout.reading``): ``codebook`` ``[first, size]``."""
+        return Codebook(model, int(codebook[0]), int(codebook[1]))
+
     def pictures_of(self, codes: torch.Tensor) -> list:
         """PIL pictures of codes ``[N, num_vq_tokens]`` (MAGVIT-v2's decoder; [-1, 1] -> 0..255, truncated)."""
         from PIL import Image
@@ -177,3 +181,33 @@ class PictureTokens:
             pixels = self.tokenizer.picture(codes.clamp(0, self.config.codebook_size - 1).cpu())
         pixels = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()  # MMaDA's cast
         return [Image.fromarray(p) for p in pixels]
+
+
+OUTSIDE = -1e4  # the logit of a row outside a drawing's codebook
+
+
+class Codebook(torch.nn.Module):
+    """``model`` read as MaskGIT reads it when drawing: every position counted (``position_ids`` 0 .. L-1, padding
+    included, unless given) and only the codebook's rows ``first .. first + size - 1`` left in its logits (the others
+    at -1e4: exp gives exactly 0, and a temperature or an entropy stays finite), so a log-softmax over them is
+    MaskGIT's softmax over the codes. Everything else
+    (config, parameters, modes) is the model's."""
+
+    def __init__(self, model, first: int, size: int):
+        super().__init__()
+        self.model, self.first, self.size = model, first, size
+
+    def forward(self, input_ids=None, position_ids=None, **kwargs):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        out = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        outside = torch.ones(out.logits.shape[-1], dtype=torch.bool, device=out.logits.device)
+        outside[self.first:self.first + self.size] = False
+        out.logits = out.logits.masked_fill(outside, OUTSIDE)
+        return out
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("model"), name)

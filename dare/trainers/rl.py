@@ -261,8 +261,8 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
                                                                   0.0)
             batch["loss_mask"] = batch["loss_mask"].masked_fill(out[:, None], 0)
         parts = self._split(batch)
-        for part in parts if lists else ():  # each micro-batch's pictures, read once per rollout
-            inputs = used_pictures(self.pictures, part["prompt_ids"], lists)
+        for part in parts if lists or rollout.reading else ():  # each micro-batch's pictures, read once per rollout
+            inputs = used_pictures(self.pictures, part["prompt_ids"], lists) if lists else rollout.reading
             part["pictures"] = {name: value.to(device) for name, value in inputs.items()}
         for slot in range(algo.num_iterations if algo.resample_noise else 1):
             generator = torch.Generator(device).manual_seed(self._seed("noise", index, slot))
