@@ -418,7 +418,7 @@ def test_help_lists_the_vrpo_knobs_and_the_matrix_has_a_row():
                  "--preference.chosen-key", "--preference.max-response-length"):
         assert flag in result.stdout, flag
     assert "--algo-config.num-iterations" not in result.stdout and "--algo-config.eps-low" not in result.stdout
-    assert "| vrpo | yes | yes | yes | yes | yes | — | yes | yes | MCElbo | dpo | all |" in matrix()
+    assert "| vrpo | yes | yes | yes | yes | yes | — | yes | yes | yes | MCElbo | dpo | all |" in matrix()
 
 
 def test_vrpo_raises_the_held_out_margin_and_swapped_pairs_lower_it(tmp_path, margin):
