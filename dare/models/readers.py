@@ -101,8 +101,9 @@ def square(picture, side: int):
 
 class PictureTokens:
     """What the data, the trainers and the engines need of MMaDA's pictures (``dare.models.pictures``): a prompt's
-    picture becomes ``<|mmu|> <|soi|> codes <|eoi|>`` ahead of its chat text, plain token ids (no features, so the
-    batches carry no picture inputs and ``wrap`` is never needed)."""
+    picture becomes ``<|mmu|> <|soi|> codes <|eoi|>`` ahead of its chat text, plain token ids (no features: the
+    batches carry no picture inputs); a drawing's text-to-image prompt (``drawing_prompts``), its codes painted
+    (``pictures_of``), and the model read over the codebook's rows to score a drawing (``wrap``)."""
 
     def __init__(self, config):
         self.config = config
