@@ -293,6 +293,7 @@ def test_the_engine_draws_rollouts_that_evaluation_scores(tmp_path):
     assert rollout.completion_ids.shape == (4, 16) and rollout.prompt_ids[:, -1].eq(model.config.soi_token_id).all()
     assert rollout.completion_ids.min() >= 512 and rollout.completion_ids.max() < 512 + 8192
     assert rollout.step_map.min() >= 0 and rollout.step_map.max() == 3 and rollout.nfe == 4 * 2
+    assert rollout.stopped(engine.family.stop_ids).all()  # a drawing is whole: never "unfinished" or truncated
     codes = rollout.completion_ids - 512
     shown = [picture_of(t) for t in rollout.texts]
     assert [list(p.getdata()) for p in shown] == [list(p.getdata()) for p in pictures(model.config).pictures_of(codes)]

@@ -64,7 +64,10 @@ class Rollout:
                        pictures=None if self.pictures is None else [self.pictures[i] for i in rows])
 
     def stopped(self, stop_ids) -> torch.Tensor:
-        """``[N]`` bool: the completions that reached a stop token (the others were cut off by the length limit)."""
+        """``[N]`` bool: the completions that reached a stop token (the others were cut off by the length limit); a
+        drawing (``reading``: its codes fill the picture) is always whole."""
+        if self.reading is not None:
+            return torch.ones(len(self.completion_ids), dtype=torch.bool, device=self.completion_ids.device)
         return torch.isin(self.completion_ids, torch.tensor(stop_ids, device=self.completion_ids.device)).any(-1)
 
     @staticmethod
