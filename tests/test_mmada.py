@@ -231,6 +231,16 @@ def test_maskgit_commits_codes_on_the_cosine_schedule_and_keeps_them(guidance):
         assert torch.equal(seen, committed < s)
 
 
+def test_maskgits_confidence_noise_anneals_as_mmadas_compounding_factors():
+    """MMaDA rebinds its temperature at every step: step s's scale is T0 x prod_{j <= s} (1 - (j + 1) / steps), not
+    MaskGIT's T0 x (1 - (s + 1) / steps); the last step's is 0."""
+    from dare.sampling.maskgit import noise_scales
+
+    scales = noise_scales(2.0, 4)
+    assert scales == pytest.approx([2.0 * 0.75, 2.0 * 0.75 * 0.5, 2.0 * 0.75 * 0.5 * 0.25, 0.0])
+    assert scales[1] != pytest.approx(2.0 * 0.5)  # the un-compounded schedule
+
+
 def test_guidance_on_an_empty_prompt_changes_nothing_and_the_codes_decode_to_pictures(tmp_path):
     """With no text, the prompt and its unconditioned twin are equal: (1 + g) c - g c = c, so guidance draws what no
     guidance draws from the same generator; the codes decode to pictures of the configured size, and evaluate.py's

@@ -35,6 +35,16 @@ class DrawConfig:
             raise ValueError(f"draw guidance and temperature are >= 0, got {self.guidance}, {self.temperature}")
 
 
+def noise_scales(temperature: float, steps: int) -> list[float]:
+    """The confidence noise's scale at each step: ``temperature`` times ``1 - (s + 1) / steps`` for every step so far
+    (MMaDA rebinds its temperature each step, so the factors compound)."""
+    scales, tau = [], temperature
+    for step in range(steps):
+        tau = tau * (1 - (step + 1) / steps)
+        scales.append(tau)
+    return scales
+
+
 def gumbel(shape, generator, device) -> torch.Tensor:
     u = torch.rand(shape, generator=generator, device=device)
     return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
@@ -56,7 +66,8 @@ def maskgit(model, ids: torch.Tensor, attention_mask: torch.Tensor, start: int, 
     positions = torch.arange(ids.shape[1], device=ids.device)[None]
     guided = config.guidance > 0 and uncond_ids is not None
     codes = torch.full((ids.shape[0], length), -1, dtype=torch.long, device=ids.device)  # -1: still masked
-    tau, sampled, committed = config.temperature, codes, torch.full_like(codes, config.steps - 1)
+    sampled, committed = codes, torch.full_like(codes, config.steps - 1)
+    scales = noise_scales(config.temperature, config.steps)
     for step in range(config.steps):
         if guided:
             uncond = uncond_ids.clone()
@@ -78,8 +89,8 @@ def maskgit(model, ids: torch.Tensor, attention_mask: torch.Tensor, start: int, 
         keep_masked = torch.clamp(torch.minimum(unknown.sum(-1, keepdim=True) - 1, keep_masked), min=1)
         chosen = probs.gather(-1, sampled[..., None])[..., 0]
         chosen = torch.where(unknown, chosen, torch.finfo(chosen.dtype).max)
-        tau = tau * (1 - ratio)
-        confidence = torch.log(chosen.clamp(min=1e-20)) + tau * gumbel(chosen.shape, generator, ids.device)
+        noise = scales[step] * gumbel(chosen.shape, generator, ids.device)
+        confidence = torch.log(chosen.clamp(min=1e-20)) + noise
         cut = confidence.sort(-1).values.gather(1, keep_masked)
         masked = confidence < cut
         committed = torch.where(unknown & ~masked, step, committed)
