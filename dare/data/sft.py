@@ -197,7 +197,7 @@ class SFTCollator:
                 raise ValueError("data.pack does not take pictures: unset it")
             return self.pack(examples)
         batch = self.pad(examples)
-        if self.reader is None:
+        if self.reader is None or not self.reader.features:  # MMaDA's pictures are tokens: nothing to decode again
             return batch
         # the batch's pictures in order, each row's placeholders renumbered after the rows before it
         own = [[load_image(x, where=f"example {r} of the batch") for x in e.get("images") or []]

@@ -39,6 +39,8 @@ class PictureReader:
     """What the data, the trainers and the engines need of a family that reads pictures (``dare.models.pictures``):
     PIL pictures -> the model's inputs, the placeholders a picture takes, and the model handed its pictures."""
 
+    features = True  # batches carry the pictures' inputs (pixel_values), the model is handed them (wrap)
+
     def __init__(self, config):
         self.config, self.processor = config, image_processor(config)
 
@@ -104,6 +106,8 @@ class PictureTokens:
     picture becomes ``<|mmu|> <|soi|> codes <|eoi|>`` ahead of its chat text, plain token ids (no features: the
     batches carry no picture inputs); a drawing's text-to-image prompt (``drawing_prompts``), its codes painted
     (``pictures_of``), and the model read over the codebook's rows to score a drawing (``wrap``)."""
+
+    features = False  # the pictures are already prompt tokens: a batch needs nothing more of them
 
     def __init__(self, config):
         self.config = config
