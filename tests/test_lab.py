@@ -69,6 +69,8 @@ def test_unknown_algorithm_or_profile_fails_before_anything_runs():
         compare.expand(["d1:best"])
     with pytest.raises(SystemExit, match="d1 has no value model"):
         compare.expand(["d1:value"])
+    with pytest.raises(SystemExit, match="vrpo has no KL term"):  # its beta is the preference temperature
+        compare.expand(["vrpo:kl"])
 
 
 def test_variants_combine(tmp_path):
@@ -92,6 +94,9 @@ def test_variants_combine(tmp_path):
             ("llada", "sdar")}
     assert (fast["llada"].cache, fast["llada"].vicinity, fast["llada"].threshold) == ("dual", 16, 0.7)
     assert (fast["sdar"].cache, fast["sdar"].threshold) == ("block", 0.9) and plain.rollout.threshold is None
+    kl = compare.rl_args("d1:kl:control", "tiny:llada", str(tmp_path / "k"), 0, lab)
+    assert kl.algo_config.beta == compare.KL_BETA and kl.rewards == ["auto:-1"]
+    assert compare.get_algorithm("d1")().beta == 0  # the plain d1: no KL term
     with pytest.raises(SystemExit, match="no fast decoding for uniform-noise"):
         compare.rl_args("d1:fast", "tiny:diffusion_gemma", str(tmp_path / "g"), 0, lab, "diffusion_gemma")
 

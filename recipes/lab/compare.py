@@ -16,7 +16,8 @@ gdpo, agrpo, d2, tracerl, igpo, dmpo). ``NAME:lab`` uses the algorithm's own set
 learning rate; dmpo's mean baseline) where the shared ones do not make it learn. ``NAME:value`` runs it with its
 value model (tracerl). ``NAME:ahead`` decodes each rollout one cycle ahead of training (``--rollout-mode ahead``).
 ``NAME:fast`` decodes its rollouts with ``dare.sampling.FAST_DECODING``, the fastest decoding that kept its
-quality.
+quality. ``NAME:kl`` adds a KL term to the start (beta 0.04, d1's paper value; the tiny MMaDA's answer breaks
+without it on ``task:shapes``).
 Variants combine: ``tracerl:value:control``. The generation length comes from the task's
 reference answers (a shorter ``--gen-length`` is refused), and a start where fewer than 10 % of the held-out
 questions' groups (``--samples`` completions at T = 1) have rewards that differ stops the lab before any RL runs.
@@ -78,7 +79,8 @@ LAB_PROFILES = {
 }
 
 
-VARIANTS = ("control", "paper", "lab", "value", "ahead", "fast")
+VARIANTS = ("control", "paper", "lab", "value", "ahead", "fast", "kl")
+KL_BETA = 0.04  # NAME:kl: d1's paper value (the lab's algorithms otherwise run without a KL term, as their code does)
 
 
 def split_spec(spec: str) -> tuple[str, list[str]]:
@@ -113,6 +115,11 @@ def profile(spec: str, family: str | None = None) -> dict:
             found = {"rollout_mode": "ahead"}
         elif variant == "fast":
             found = {"rollout": fast_rollout(family)}
+        elif variant == "kl":
+            algorithm = get_algorithm(name)
+            if "beta" not in algorithm.__dataclass_fields__ or algorithm.trainer == "preference":
+                raise SystemExit(f"{name} has no KL term to the start (a preference method's beta is its temperature)")
+            found = {"algo_config": {"beta": KL_BETA}}
         elif variant == "value":
             if "value" not in get_algorithm(name).__dataclass_fields__:
                 raise SystemExit(f"{name} has no value model (no value field)")
@@ -417,7 +424,8 @@ def expand(algos: list[str]) -> list[str]:
         raise SystemExit(f"unknown algorithm or variant {unknown}; algorithms: {known()}, variants (combined as "
                          "NAME:v1:v2): NAME:paper (where recipes/llada/NAME_math_paper.yaml exists), NAME:lab "
                          "(LAB_PROFILES in this script), NAME:value (its value model), NAME:ahead (rollouts decoded "
-                         "one cycle ahead of training), NAME:fast (dare.sampling.FAST_DECODING) and NAME:control")
+                         "one cycle ahead of training), NAME:fast (dare.sampling.FAST_DECODING), "
+                         f"NAME:kl (a KL term to the start, beta {KL_BETA}) and NAME:control")
     for spec in algos:
         profile(spec)  # a missing paper profile fails before anything runs
     return algos
