@@ -78,6 +78,9 @@ class NoiseRecipe:
     diffusion_weight  the masked-diffusion term's weight in the loss
     causal_loss     also the next-token cross-entropy of the clean half of ``[x_t ‖ x_0]``, read left to right, over the
                     trained positions, divided by their number in the step (Nemotron-Labs-Diffusion's joint loss)
+    schedule        "linear": each maskable token masked with probability t; "cosine": exactly round(n cos(pi t / 2))
+                    of a sequence's n maskable tokens (at least one), chosen uniformly (MaskGIT's training, MMaDA's
+                    text-to-image loss)
     """
 
     t_low: float = 0.0
@@ -89,6 +92,7 @@ class NoiseRecipe:
     min_one: bool = False
     diffusion_weight: float = 1.0
     causal_loss: bool = False
+    schedule: str = "linear"
 
     def __post_init__(self):
         if not self.diffusion_weight > 0:
@@ -101,6 +105,8 @@ class NoiseRecipe:
             raise ValueError(f"weight must be 'inverse_t' or 'none', got {self.weight!r}")
         if self.normalizer not in ("answer_length", "masked"):
             raise ValueError(f"normalizer must be 'answer_length' or 'masked', got {self.normalizer!r}")
+        if self.schedule not in ("linear", "cosine"):
+            raise ValueError(f"schedule must be 'linear' or 'cosine', got {self.schedule!r}")
         if self.weight == "inverse_t" and self.t_low == 0.0 and self.eps == 0.0:
             raise ValueError("1/t weighting needs t > 0: set eps > 0 or t_low > 0")
 
@@ -118,6 +124,11 @@ RECIPES = {
     "llada_v": NoiseRecipe(mask_pads=False),
     "mmada": NoiseRecipe(),
 }
+
+# a drawing's codes (MMaDA's text-to-image loss, MaskGIT's: mask_or_random_replace_tokens with its cosine schedule and
+# min_masking_rate 0, then the mean cross-entropy over the masked codes)
+DRAWING = NoiseRecipe(eps=0.0, weight="none", normalizer="masked", mask_pads=False, schedule="cosine")
+DRAWING_TEXT_DROPOUT = 0.1  # the share of drawings trained without their text (MMaDA's cond_dropout_prob): guidance
 
 
 def recipe_for(family) -> NoiseRecipe:

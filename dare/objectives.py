@@ -12,10 +12,12 @@ DARE's reference deviates from upstream are documented in ``dare.diffusion``. Lo
 ``Family.logits`` (Dream's shift, the block families' ``[x_t ‖ x_0]`` layout, packed rows).
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from .diffusion import NoiseRecipe, corrupt, corrupt_uniform, recipe_for, sample_t, uniform
+from .diffusion import NoiseRecipe, corrupt, corrupt_uniform, random_subset, recipe_for, sample_t, uniform
 from .models import diffusion_gemma, masks
 
 SELF_CONDITIONING = 0.5  # uniform-noise SFT: the share of examples trained with a previous pass's logits
@@ -202,6 +204,10 @@ def sft_noise(family, input_ids: torch.Tensor, loss_mask: torch.Tensor, recipe: 
         return t, torch.zeros_like(loss_mask, dtype=torch.bool).index_put_((rows[real], cols[real]), masked[real])
     if t is None:
         t = sample_t(input_ids.shape[0], recipe, generator, input_ids.device)
+    if recipe.schedule == "cosine":  # in float32, as MaskGIT's mask_schedule: exactly this many of each row
+        share = torch.cos(t.to(device=input_ids.device, dtype=torch.float32) * (math.pi / 2))
+        counts = (loss_mask.sum(-1) * share).round().clamp(min=1).long()
+        return t, random_subset(loss_mask, counts, generator)
     _, masked = corrupt(input_ids, loss_mask.bool(), t, family.mask_id, generator, recipe.min_one)
     return t, masked
 

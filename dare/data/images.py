@@ -166,13 +166,23 @@ def used_pictures(reader, ids, lists: list) -> dict:
     return {**reader(images), "picture_at": torch.cat(at)} if images else {}
 
 
+def is_drawing(row: dict) -> bool:
+    """Whether a row asks for a drawing (``extra_info.task`` ``draw``: its solution is a picture)."""
+    return (row.get("extra_info") or {}).get("task") == "draw"
+
+
+def drawing_text(prompt) -> str:
+    """What a drawing row asks to draw: its prompt text, or its last message's."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
 def pictured_prompt(row: dict):
     """What an engine decodes for an RL or benchmark row: its prompt, with its pictures (``row["images"]``, encoded
     bytes) as a ``PicturePrompt`` when it has any; a drawing task's row (``extra_info.task`` ``draw``) as a
     ``DrawPrompt`` of its last message."""
-    if (row.get("extra_info") or {}).get("task") == "draw":
+    if is_drawing(row):
         prompt = row["prompt"]
-        return DrawPrompt(prompt if isinstance(prompt, str) else prompt[-1]["content"])
+        return DrawPrompt(drawing_text(prompt))
     if not row.get("images"):
         return row["prompt"]
     return PicturePrompt(row["prompt"], tuple(load_image(b) for b in row["images"]))

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..rewards import answer_instruction, unscorable
-from .images import IMAGE, encode_pictured, image_base, load_image, pictured_prompt, row_image_bytes
+from .images import IMAGE, encode_pictured, image_base, is_drawing, load_image, pictured_prompt, row_image_bytes
 from .loading import LocalDir, get_field, has_field, load_rows
 from .sft import as_messages
 
@@ -150,7 +150,7 @@ def fitting_prompts(tokenizer, path: str, split: str, config: RLDataConfig, limi
 def check_drawings(rows: list[dict], algorithm) -> None:
     """Drawing rows (``extra_info.task`` ``draw``) take the algorithms that score a completion by masking it: one that
     replays the masked sampler's steps is refused in one line (a drawing is decoded by MaskGIT)."""
-    if any((r.get("extra_info") or {}).get("task") == "draw" for r in rows) and (
+    if any(is_drawing(r) for r in rows) and (
             algorithm.needs_steps or algorithm.needs_sampler):
         why = algorithm.needs_sampler or algorithm.needs_steps
         raise ValueError(f"{algorithm.name} replays the masked sampler's steps ({why}); drawings are decoded by "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..diffusion import recipe_for, sft_masks
-from .images import batch_pictures, load_image, row_image_bytes, row_images
+from .images import batch_pictures, drawing_text, is_drawing, load_image, row_image_bytes, row_images
 from .loading import LocalDir, get_field, has_field
 
 
@@ -142,7 +142,10 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig, reader=Non
     """``{"input_ids", "prompt_length", "response_length"}`` for one row; ``truncated`` says whether it was cut. With
     a picture ``reader`` (``dare.models.pictures``; ``base``: the folder image paths are relative to), each ``<image>``
     of the prompt becomes its picture's placeholders (numbered from 0 in the example; the collator renumbers them in
-    the batch) and ``images`` keeps the row's picture entries."""
+    the batch) and ``images`` keeps the row's picture entries. A drawing row (``is_drawing``) is the reader's
+    ``drawing_example`` of its picture."""
+    if is_drawing(row):
+        return drawing_example(row, tokenizer, config, reader, base)
     prompt = get_field(row, config.prompt_key)
     response = completion_text(get_field(row, config.response_key), config.response_key)
     messages = as_messages(prompt, config.system_prompt)
@@ -179,6 +182,20 @@ def tokenize_sft(row: dict, tokenizer, family, config: SFTDataConfig, reader=Non
             "response_length": len(response_ids), "truncated": truncated, **extra}
 
 
+def drawing_example(row: dict, tokenizer, config: SFTDataConfig, reader, base=None) -> dict:
+    """A drawing row's example: its text-to-image prompt, then the codes of its picture (the response column: an
+    image entry, e.g. a data URI) and ``<|eoi|>`` (``PictureTokens.drawing_example``)."""
+    text = drawing_text(get_field(row, config.prompt_key))
+    if not hasattr(reader, "drawing_example"):
+        raise ValueError(f"a drawing row ({text[:40]!r}...) for a model that draws none (MMaDA does)")
+    picture = load_image(get_field(row, config.response_key), base, where=f"the drawing of {text[:60]!r}")
+    example = reader.drawing_example(tokenizer, text, picture)
+    if len(example["input_ids"]) > config.max_length:
+        raise ValueError(f"a drawing example is {len(example['input_ids'])} tokens (its text area, then the picture's "
+                         f"codes), more than max_length={config.max_length}: raise data.max_length")
+    return {**example, "truncated": False}
+
+
 class SFTCollator:
     """Right-pads tokenized examples with EOS and adds ``loss_mask`` / ``attention_mask`` from the family's recipe
     (LLaDA/Dream/SDAR train on the EOS tail; LLaDA2 excludes it from attention and loss); with ``config.pack``, packs
@@ -192,6 +209,8 @@ class SFTCollator:
             self.recipe = replace(self.recipe, mask_pads=config.eos_tail)
 
     def __call__(self, examples: list[dict]) -> dict:
+        if any("uncond_ids" in e for e in examples):
+            return self.drawings(examples)
         if self.config.pack:
             if any(e.get("images") for e in examples):
                 raise ValueError("data.pack does not take pictures: unset it")
@@ -219,6 +238,25 @@ class SFTCollator:
             ids[r, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
         loss_mask, attention_mask = sft_masks(prompt, response, length, self.recipe)
         return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+    def drawings(self, examples: list[dict]) -> dict:
+        """Drawing examples (``drawing_example``, all of one length): the codes are trained (not ``<|eoi|>``), the
+        text's padding is out of the attention, and ``uncond_ids`` / ``uncond_attention_mask`` hold each row without
+        its text (the trainer drops the text of some: ``dare.diffusion.DRAWING_TEXT_DROPOUT``)."""
+        if self.config.pack or not all("uncond_ids" in e for e in examples):
+            raise ValueError("drawing examples are neither packed nor mixed with text ones: unset data.pack, or train "
+                             "drawings and text in separate runs")
+        ids = torch.tensor([e["input_ids"] for e in examples])
+        prompt, response = examples[0]["prompt_length"], examples[0]["response_length"]
+        attention = torch.ones_like(ids)
+        attention[:, :prompt] = torch.tensor([e["prompt_attention"] for e in examples])
+        uncond, uncond_attention = ids.clone(), attention.clone()
+        uncond[:, :prompt] = torch.tensor([e["uncond_ids"] for e in examples])
+        uncond_attention[:, :prompt] = torch.tensor([e["uncond_attention"] for e in examples])
+        loss_mask = torch.zeros_like(ids)
+        loss_mask[:, prompt:prompt + response - 1] = 1
+        return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention, "uncond_ids": uncond,
+                "uncond_attention_mask": uncond_attention}
 
     def pack(self, examples: list[dict]) -> dict:
         rows, room = [], []  # the examples of each row, the tokens left in it
@@ -256,6 +294,10 @@ def tokenize_dataset(rows, tokenizer, family, config: SFTDataConfig, reader=None
     prompt that alone fills max_length)."""
     rows, config = as_sft_rows(rows, config)
     columns = rows.column_names
+    drawings = sum(map(is_drawing, ({"extra_info": e} for e in rows["extra_info"]))) if "extra_info" in columns else 0
+    if 0 < drawings < len(rows):
+        raise ValueError(f"{drawings} of {len(rows)} rows are drawings (extra_info.task 'draw'): train drawings and "
+                         "text in separate runs")
     out = rows.map(lambda r: tokenize_sft(r, tokenizer, family, config, reader, base), remove_columns=columns,
                    desc="tokenizing")
     cut = sum(out["truncated"])

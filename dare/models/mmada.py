@@ -62,5 +62,5 @@ def tiny_config(vocab_size: int, **overrides) -> MMadaConfig:
     rows = vocab_size + 8192 + 64
     kw = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=rows,
               embedding_size=rows, new_vocab_size=rows, llm_vocab_size=vocab_size + 64, num_vq_tokens=16,
-              max_sequence_length=1024, vq_model_name=TINY_TOKENIZER, drawing_text_length=32)
+              max_sequence_length=1024, vq_model_name=TINY_TOKENIZER, drawing_text_length=48)
     return MMadaConfig(**{**kw, **overrides})

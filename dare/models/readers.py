@@ -174,6 +174,20 @@ class PictureTokens:
                 "uncond_mask": tensor(free, 1), "start": width + 1, "first": self.first_code(tokenizer),
                 "size": c.codebook_size}
 
+    def drawing_example(self, tokenizer, text: str, picture) -> dict:
+        """An SFT example that learns to draw ``picture`` (PIL) for ``text`` (MMaDA's ``t2i_prompt``): ``input_ids``
+        = the text-to-image prompt through ``<|soi|>`` (``drawing_prompts``), the picture's codes and ``<|eoi|>``;
+        ``prompt_attention`` (0 on the text's padding); ``uncond_ids`` / ``uncond_attention``: the prompt without its
+        text (MMaDA's dropped condition), the same width."""
+        laid = self.drawing_prompts(tokenizer, [text])
+        start, first = laid["start"], laid["first"]
+        codes = (self.codes([picture])[0] + first).tolist()
+        return {"input_ids": laid["ids"][0, :start].tolist() + codes + [self.config.eoi_token_id],
+                "prompt_length": start, "response_length": len(codes) + 1,
+                "prompt_attention": laid["attention_mask"][0, :start].tolist(),
+                "uncond_ids": laid["uncond_ids"][0, :start].tolist(),
+                "uncond_attention": laid["uncond_mask"][0, :start].tolist()}
+
     def wrap(self, model, codebook, fixed: bool = True):
         """``model`` scoring a drawing (``Rollout.reading``): ``codebook`` ``[first, size]``."""
         return Codebook(model, int(codebook[0]), int(codebook[1]))
@@ -191,28 +205,38 @@ class PictureTokens:
 OUTSIDE = -1e4  # the logit of a row outside a drawing's codebook
 
 
-class Codebook(torch.nn.Module):
-    """``model`` read as MaskGIT reads it when drawing: every position counted (``position_ids`` 0 .. L-1, padding
-    included, unless given) and only the codebook's rows ``first .. first + size - 1`` left in its logits (the others
-    at -1e4: exp gives exactly 0, and a temperature or an entropy stays finite), so a log-softmax over them is
-    MaskGIT's softmax over the codes. Everything else
-    (config, parameters, modes) is the model's."""
+class EveryPosition(torch.nn.Module):
+    """``model`` read as MMaDA reads a drawing's prompt: every position counted (``position_ids`` 0 .. L-1, its
+    padding included, unless given). Everything else (config, parameters, modes) is the model's."""
 
-    def __init__(self, model, first: int, size: int):
+    def __init__(self, model):
         super().__init__()
-        self.model, self.first, self.size = model, first, size
+        self.model = model
 
     def forward(self, input_ids=None, position_ids=None, **kwargs):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-        out = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
-        outside = torch.ones(out.logits.shape[-1], dtype=torch.bool, device=out.logits.device)
-        outside[self.first:self.first + self.size] = False
-        out.logits = out.logits.masked_fill(outside, OUTSIDE)
-        return out
+        return self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
 
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(super().__getattr__("model"), name)
+
+
+class Codebook(EveryPosition):
+    """``model`` read as MaskGIT reads it when drawing: every position counted (``EveryPosition``) and only the
+    codebook's rows ``first .. first + size - 1`` left in its logits (the others at -1e4: exp gives exactly 0, and a
+    temperature or an entropy stays finite), so a log-softmax over them is MaskGIT's softmax over the codes."""
+
+    def __init__(self, model, first: int, size: int):
+        super().__init__(model)
+        self.first, self.size = first, size
+
+    def forward(self, input_ids=None, position_ids=None, **kwargs):
+        out = super().forward(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        outside = torch.ones(out.logits.shape[-1], dtype=torch.bool, device=out.logits.device)
+        outside[self.first:self.first + self.size] = False
+        out.logits = out.logits.masked_fill(outside, OUTSIDE)
+        return out

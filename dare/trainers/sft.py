@@ -6,6 +6,8 @@ generation accuracy of held-out prompts at each evaluation (``validation.py``) a
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ..diffusion import DRAWING, DRAWING_TEXT_DROPOUT, uniform
+from ..models.readers import EveryPosition
 from ..objectives import sft_loss, sft_noise, sft_units
 from .checkpoints import CompleteCheckpoints
 from .distributed import ShardedTraining
@@ -44,9 +46,13 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         units = 0
         for batch in batches:
             segments = batch.get("segment_ids")  # packed rows: noise and units per example
-            batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"],
+            recipe = DRAWING if "uncond_ids" in batch else None  # a drawing's codes: MaskGIT's noise
+            batch["t"], batch["masked"] = sft_noise(self.family, batch["input_ids"], batch["loss_mask"], recipe,
                                                     segment_ids=segments)
-            units = units + sft_units(self.family, batch["loss_mask"], batch["masked"], segment_ids=segments)
+            if recipe is not None:  # and the rows trained without their text
+                batch["drop_text"] = uniform(batch["input_ids"].shape[:1], None, batch["input_ids"].device) < \
+                    DRAWING_TEXT_DROPOUT
+            units = units + sft_units(self.family, batch["loss_mask"], batch["masked"], recipe, segments)
         units = self.accelerator.reduce(units.to(self.args.device), "sum") / self.accelerator.num_processes
         if normaliser is None:
             self._step = batches, units
@@ -86,7 +92,13 @@ class DiffusionSFTTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Tra
         sp = self.sp if self.model.training else None  # evaluation: whole rows per process, as without SP
         if "pixel_values" in inputs:  # the tower and projector run in every forward: they get their gradients
             model = self.pictures.wrap(model, inputs["pixel_values"], inputs["image_sizes"], fixed=False)
-        loss, parts = sft_loss(model, self.family, inputs["input_ids"], inputs["loss_mask"], inputs["attention_mask"],
+        ids, attention, recipe = inputs["input_ids"], inputs["attention_mask"], None
+        if "uncond_ids" in inputs:  # drawings: MMaDA's positions over every column, some rows without their text
+            model, recipe, drop = EveryPosition(model), DRAWING, inputs.get("drop_text")
+            if drop is not None:
+                ids = torch.where(drop[:, None], inputs["uncond_ids"], ids)
+                attention = torch.where(drop[:, None], inputs["uncond_attention_mask"], attention)
+        loss, parts = sft_loss(model, self.family, ids, inputs["loss_mask"], attention, recipe=recipe,
                                segment_ids=inputs.get("segment_ids"), t=inputs.get("t"), masked=inputs.get("masked"),
                                normaliser=num_items_in_batch, sp=sp, return_parts=True)
         if sp is not None:
