@@ -1,12 +1,15 @@
-"""Does RL teach a drawing model to draw what it is asked? A random tiny MMaDA on the drawing task (task:colours):
-its held-out drawings scored by the colours reward before and after RL, paired per drawing (the same held-out
-question and sample seed), and a control that trains on the negated reward.
+"""Does RL teach a drawing model to draw what it is asked? A tiny MMaDA on the drawing task (task:colours): its
+held-out drawings scored by the colours reward before and after RL, paired per drawing (the same held-out question
+and sample seed), and a control that trains on the negated reward.
 
     python bench/draw_learns.py --algos maskgrpo d1 --steps 60 --output-dir outputs/draw-lab
+    python bench/draw_learns.py --tokenizer-steps 1200 --sft-steps 600 --algos d1 --output-dir outputs/draw-lab-sft
 
-No SFT start: the reward is a share of pixels, so a random model's drawings already score between 0 and 1 and a group's
-drawings differ. Prints one table row per run (mean held-out reward before -> after, the paired change with its
-standard error); each run's folder keeps its model and ``result.json`` (a rerun reuses it).
+The start: a random tiny MMaDA (its random tiny MAGVIT paints any codes as a texture), or with ``--tokenizer-steps``
+one whose tiny MAGVIT-v2 was first fit as an autoencoder on the training questions' pictures (mean squared error with
+straight-through signs: a lab tokenizer, not MAGVIT-v2's recipe), and with ``--sft-steps`` trained by drawing SFT on
+those pictures (MMaDA's text-to-image loss). Prints one table row per run (mean held-out reward before -> after, the
+paired change with its standard error); each run's folder keeps its model and ``result.json`` (a rerun reuses it).
 """
 
 import argparse
@@ -60,6 +63,50 @@ def train(start: str, out: Path, algo: str, args, control: bool) -> None:
     train_rl.main(run)
 
 
+def painting_tokenizer(folder: Path, steps: int, lr: float = 2e-3) -> str:
+    """A tiny MAGVIT-v2 fit as an autoencoder on the pictures of the training questions (each distinct one), saved
+    in ``folder`` (reused when there); its absolute path."""
+    import torch
+    import torch.nn.functional as F
+
+    from dare.data.images import load_image
+    from dare.data.tasks import make_task
+    from dare.models.magvit import MAGVITv2, tiny_config
+    from dare.models.readers import square
+
+    if not (folder / "model.safetensors").exists():
+        pictures = {r["prompt"][-1]["content"]: r["extra_info"]["solution"] for r in make_task("colours", 1000, 0)}
+        pixels = torch.stack([square(load_image(p), 64) for p in pictures.values()])
+        torch.manual_seed(0)
+        model = MAGVITv2(tiny_config())
+        optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+        for step in range(steps):
+            batch = pixels[torch.randint(0, len(pixels), (16,))]
+            z = model.encoder(batch)
+            signs = torch.sign(z).detach()
+            loss = F.mse_loss(model.decoder(z + (signs - z).detach()), batch) + 0.1 * F.mse_loss(z, signs)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            if step % 100 == 0 or step == steps - 1:
+                print(f"tokenizer step {step}: loss {loss.item():.4f}", flush=True)
+        model.eval().save(str(folder))
+    return str(folder.resolve())
+
+
+def drawing_sft(start: str, out: Path, args) -> None:
+    """Drawing SFT of ``start`` on the training questions' pictures (constant learning rate)."""
+    import train_sft
+    from dare.data.tasks import write_task
+
+    sft = train_sft.Args(model=start, output_dir=str(out), max_steps=args.sft_steps, save_steps=args.sft_steps,
+                         per_device_train_batch_size=16, learning_rate=args.sft_lr, warmup_steps=0.0,
+                         lr_scheduler_type="constant", logging_steps=50)
+    sft.data.path = write_task("colours", str(out.parent / "colours-sft.parquet"), 2000, 0, "train")
+    sft.data.max_length = 80
+    train_sft.main(sft)
+
+
 def paired(before: list[float], after: list[float]) -> tuple[float, float]:
     diffs = [b - a for a, b in zip(before, after, strict=True)]
     return statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
@@ -75,6 +122,10 @@ def main(argv=None):
     parser.add_argument("--draw-steps", type=int, default=4, help="MaskGIT steps per drawing")
     parser.add_argument("--questions", type=int, default=64, help="held-out rows")
     parser.add_argument("--samples", type=int, default=4, help="drawings per held-out row")
+    parser.add_argument("--tokenizer-steps", type=int, default=0,
+                        help="fit the tiny MAGVIT-v2 to the training pictures first (0: its random weights)")
+    parser.add_argument("--sft-steps", type=int, default=0, help="drawing SFT steps of the start (0: none)")
+    parser.add_argument("--sft-lr", type=float, default=3e-3, help="drawing SFT learning rate (constant)")
     parser.add_argument("--output-dir", default="outputs/draw-lab")
     args = parser.parse_args(argv)
     import torch
@@ -85,7 +136,13 @@ def main(argv=None):
     out = Path(args.output_dir)
     start = out / "start"
     if not (start / "model.safetensors").exists():
-        save_tiny("mmada", start)
+        painter = {"vq_model_name": painting_tokenizer(out / "tokenizer", args.tokenizer_steps)} \
+            if args.tokenizer_steps else {}
+        save_tiny("mmada", start, **painter)
+    if args.sft_steps:
+        if not (out / "sft" / "model.safetensors").exists():
+            drawing_sft(str(start), out / "sft", args)
+        start = out / "sft"
     cached = start / "held_out.json"
     if not cached.exists():
         cached.write_text(json.dumps(held_out(str(start), args.questions, args.samples, args.draw_steps)))

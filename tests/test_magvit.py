@@ -74,3 +74,6 @@ def test_a_folder_of_released_weights_loads_and_wrong_keys_are_named(tmp_path):
         MAGVITv2.from_folder(str(tmp_path), tiny_config())
     with pytest.raises(FileNotFoundError, match="no MAGVIT-v2 weights"):
         MAGVITv2.from_folder(str(tmp_path / "none"))
+    model.save(str(tmp_path / "saved"))  # its shapes travel in config.json: a tiny tokenizer loads without them
+    again = MAGVITv2.from_folder(str(tmp_path / "saved"))
+    assert again.config == model.config and torch.equal(again.codes(pixels), model.codes(pixels))

@@ -12,7 +12,8 @@ picture as those codes shifted past its text vocabulary, and writes one the same
     images = tokenizer.picture(codes)                            # [N, 3, 512, 512] in about [-1, 1]
 """
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -204,8 +205,14 @@ class MAGVITv2(nn.Module):
     @classmethod
     def from_folder(cls, path: str, config: MAGVITConfig | None = None) -> "MAGVITv2":
         """The released tokenizer from its folder (``model.safetensors`` or ``pytorch_model.bin``, the official keys;
-        a missing or unexpected key is an error naming it)."""
+        a missing or unexpected key is an error naming it). Its shapes: ``config``, else those of a ``config.json``
+        written by ``save`` (the keys of ``MAGVITConfig``; the released folder names none: the defaults)."""
         folder = Path(path)
+        if config is None and (folder / "config.json").is_file():
+            keys = {f.name for f in fields(MAGVITConfig)}
+            saved = {k: tuple(v) if isinstance(v, list) else v
+                     for k, v in json.loads((folder / "config.json").read_text()).items() if k in keys}
+            config = MAGVITConfig(**saved)
         found = [folder / n for n in ("model.safetensors", "diffusion_pytorch_model.safetensors", "pytorch_model.bin",
                                       "diffusion_pytorch_model.bin") if (folder / n).is_file()]
         if not found:
@@ -223,6 +230,15 @@ class MAGVITv2(nn.Module):
 
     def config_dict(self) -> dict:
         return asdict(self.config)
+
+    def save(self, path: str) -> None:
+        """``model.safetensors`` and ``config.json`` (its shapes) in ``path``: what ``from_folder`` loads."""
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=1))
 
 
 __all__ = ["MAGVITConfig", "MAGVITv2", "tiny_config"]
