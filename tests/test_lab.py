@@ -14,6 +14,8 @@ from dare.data.tasks import make_task, split_of
 from dare.eval.lab import held_out, mean_se, paired
 
 compare = load_script(ROOT / "recipes" / "lab" / "compare.py", "lab_compare")
+profiles = load_script(ROOT / "recipes" / "lab" / "lab_profiles.py", "lab_profiles")  # compare's own modules
+starts = load_script(ROOT / "recipes" / "lab" / "lab_starts.py", "lab_starts")
 
 
 def test_paired_standard_error_is_that_of_the_per_question_differences():
@@ -38,7 +40,7 @@ def test_held_out_scores_only_test_questions_and_is_reproducible():
 
 def test_shared_settings_reach_every_algorithm_and_profiles_override_them(tmp_path):
     lab = compare.Lab(prompt_masking=0.0, num_iterations=1, learning_rate=1e-3, offline_learning_rate=1e-4, rollouts=2)
-    for name in compare.known():
+    for name in profiles.known():
         a = compare.rl_args(name, "tiny:llada", str(tmp_path / name), 0, lab)
         assert a.learning_rate == (1e-4 if name == "vrpo" else 1e-3), name
         assert a.rollout.temperature == 1.0 and a.rollout.gen_length == lab.gen_length
@@ -57,7 +59,7 @@ def test_shared_settings_reach_every_algorithm_and_profiles_override_them(tmp_pa
 
 
 def test_all_expands_to_every_algorithm_once_and_mixes_with_variants():
-    assert compare.expand(["all", "vrpo:control", "d1"]) == compare.known() + ["d1:control", "vrpo:control"]
+    assert compare.expand(["all", "vrpo:control", "d1"]) == profiles.known() + ["d1:control", "vrpo:control"]
 
 
 def test_unknown_algorithm_or_profile_fails_before_anything_runs():
@@ -83,7 +85,7 @@ def test_variants_combine(tmp_path):
     plain = compare.rl_args("tracerl", "tiny:sdar", str(tmp_path / "p"), 0, lab)
     assert plain.algo_config.value.model == "" and plain.rewards != ["auto:-1"]
     ahead = compare.rl_args("spg:lab:ahead", "tiny:sdar", str(tmp_path / "a"), 0, lab)
-    assert ahead.rollout_mode == "ahead" and ahead.learning_rate == compare.LAB_PROFILES["spg"]["learning_rate"]
+    assert ahead.rollout_mode == "ahead" and ahead.learning_rate == profiles.LAB_PROFILES["spg"]["learning_rate"]
     assert plain.rollout_mode == "sync" and plain.learning_rate == lab.learning_rate
     # a profile per family: VRPO's offline rate
     vrpo = {f: compare.rl_args("vrpo:lab", "tiny:sdar", str(tmp_path / f), 0, lab, f).learning_rate for f in
@@ -95,8 +97,8 @@ def test_variants_combine(tmp_path):
     assert (fast["llada"].cache, fast["llada"].vicinity, fast["llada"].threshold) == ("dual", 16, 0.7)
     assert (fast["sdar"].cache, fast["sdar"].threshold) == ("block", 0.9) and plain.rollout.threshold is None
     kl = compare.rl_args("d1:kl:control", "tiny:llada", str(tmp_path / "k"), 0, lab)
-    assert kl.algo_config.beta == compare.KL_BETA and kl.rewards == ["auto:-1"]
-    assert compare.get_algorithm("d1")().beta == 0  # the plain d1: no KL term
+    assert kl.algo_config.beta == profiles.KL_BETA and kl.rewards == ["auto:-1"]
+    assert profiles.get_algorithm("d1")().beta == 0  # the plain d1: no KL term
     with pytest.raises(SystemExit, match="no fast decoding for uniform-noise"):
         compare.rl_args("d1:fast", "tiny:diffusion_gemma", str(tmp_path / "g"), 0, lab, "diffusion_gemma")
 
@@ -190,7 +192,7 @@ def test_every_task_gives_the_lab_a_start_with_learning_signal(task, tmp_path):
     before = compare.measure(compare.sft_start("llada", lab, tmp_path), lab)
     reward, share = statistics.fmean(before["reward_q"]), statistics.fmean(before["spread_q"])
     print(f"{task}: SFT start held-out T=1 reward {reward:.3f}, groups with signal {share:.1%}")
-    assert share >= compare.SIGNAL_FLOOR
+    assert share >= starts.SIGNAL_FLOOR
 
 
 def test_lab_profiles_set_the_algorithms_own_learning_rate(tmp_path):

@@ -16,6 +16,8 @@ import os
 import pytest
 from conftest import ROOT, load_script
 
+from dare.algos import known
+
 CI_CASES = {("coupled-grpo", "llada"), ("d1", "sdar")}
 MIN_Z = 3.0
 
@@ -37,7 +39,7 @@ def starts(tmp_path_factory):
     return start, out
 
 
-CASES = [(algo, "llada") for algo in lab_module.known()]
+CASES = [(algo, "llada") for algo in known()]
 CASES += [(algo, "sdar") for algo in ("d1", "ebpo", "mdpo", "d-treerpo", "tracerl", "tracerl:value", "dipo")]
 CASES += [("tracerl:value", "llada"), ("dmpo:lab", "llada")]  # a value model; dmpo's lab profile (the mean baseline)
 CASES += [(algo, "diffusion_gemma") for algo in ("d1", "wd1", "gdpo")]  # uniform noise (SFT to a loss of 0.26)

@@ -29,6 +29,7 @@ from dare.eval.lab import mean_se, paired  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "recipes" / "lab"))
 import compare as lab  # noqa: E402
+import lab_starts  # noqa: E402
 
 
 @dataclass
@@ -86,7 +87,7 @@ def main(args: Args) -> dict:
                        learning_rate=args.learning_rate, offline_learning_rate=args.offline_learning_rate,
                        prompt_masking=args.prompt_masking, num_iterations=args.num_iterations,
                        questions=args.questions, samples=args.samples)
-    start = lab.sft(args.family, settings, out / "sft")  # the comparison lab's SFT and RL settings
+    start = lab_starts.sft(args.family, settings, out / "sft")  # the comparison lab's SFT and RL settings
     before = lab.measure(start, settings)
     rl = lab.rl_args(args.algo, start, str(out / "rl"), 42, settings, args.family)
     rl.log_completions = 2
