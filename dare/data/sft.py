@@ -38,7 +38,8 @@ class SFTDataConfig:
     # column holding the prompt (text or a list of chat messages; a.b = nested); None: found from the columns (the
     # formats of sft_format: TRL's prompt/completion and messages, DARE's task and reference schemas)
     prompt_key: str | None = None
-    response_key: str | None = None  # column holding the response text; None: found with the prompt's
+    # column holding the response text (a drawing row: its picture); None: found with the prompt's
+    response_key: str | None = None
     # the final answer the rewards compare with (only for train_sft.py --eval-generate)
     answer_key: str = "reward_model.ground_truth"
     system_prompt: str | None = None  # prepended as a system message when the prompt is plain text
