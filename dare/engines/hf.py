@@ -51,13 +51,14 @@ class HFEngine(Engine):
         return {"engine": self.name, **compiled, **identity(self.model.config, weights_digest(self.model))}
 
     def reader(self):
-        """The model's picture reader (``dare.models.pictures``); refused for a model that reads none."""
+        """The model's picture reader (``dare.models.pictures``, made once); refused for a model that reads none."""
         from ..models import pictures  # here, not at the top: --help imports the engines, dare.models transformers
 
-        reader = pictures(self.model.config)
-        if reader is None:
+        if getattr(self, "_reader", None) is None:
+            self._reader = pictures(self.model.config)
+        if self._reader is None:
             raise ValueError(f"prompts with pictures (or to draw), for a {self.family.name} model, which reads none")
-        return reader
+        return self._reader
 
     def encode(self, prompts: list) -> list[list[int]]:
         """Prompts' token ids; a ``PicturePrompt``'s pictures as their placeholders (numbered from 0 in each), a
