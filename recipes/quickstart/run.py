@@ -34,8 +34,12 @@ import lab_starts  # noqa: E402
 
 @dataclass
 class Args:
-    family: str = "llada"  # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma (a tiny random model of it)
-    algo: str = "d1"  # any registered algorithm (python -m dare.algos)
+    # llada | dream | sdar | sdar_moe | llada2 | diffusion_gemma | nemotron_diffusion | llada_v | mmada (a tiny random
+    # model of it; llada_v and mmada read the pictures of --task shapes)
+    family: str = "llada"
+    # any registered algorithm (python -m dare.algos), with the lab's variants (recipes/lab/compare.py), e.g. d1:kl (a
+    # KL term to the start: what tiny MMaDA needs on shapes, at --learning-rate 3e-4)
+    algo: str = "d1"
     task: str = "sum4"  # a generated task (dare/data/tasks.py)
     # SFT steps, until the model answers a fifth to a third of the held-out questions (None: the lab's SFT_STEPS,
     # 1500; diffusion_gemma at most 10000, stopped by --sft-stop-at-loss)
