@@ -3,13 +3,14 @@ held-out drawings scored by the colours reward before and after RL, paired per d
 and sample seed), and a control that trains on the negated reward.
 
     python bench/draw_learns.py --algos maskgrpo d1 --steps 60 --output-dir outputs/draw-lab
-    python bench/draw_learns.py --tokenizer-steps 1200 --sft-steps 600 --algos d1 --output-dir outputs/draw-lab-sft
+    python bench/draw_learns.py --tokenizer-steps 600 --sft-steps 600 --algos d1 --lr 1e-3 --output-dir outputs/draw
 
 The start: a random tiny MMaDA (its random tiny MAGVIT paints any codes as a texture), or with ``--tokenizer-steps``
-one whose tiny MAGVIT-v2 was first fit as an autoencoder on the training questions' pictures (mean squared error with
-straight-through signs: a lab tokenizer, not MAGVIT-v2's recipe), and with ``--sft-steps`` trained by drawing SFT on
-those pictures (MMaDA's text-to-image loss). Prints one table row per run (mean held-out reward before -> after, the
-paired change with its standard error); each run's folder keeps its model and ``result.json`` (a rerun reuses it).
+one whose tiny MAGVIT-v2 was first fit as an autoencoder on random pictures of the task's colours
+(``painting_tokenizer``: a lab tokenizer, not MAGVIT-v2's recipe), and with ``--sft-steps`` trained by drawing SFT
+on the training questions' pictures (MMaDA's text-to-image loss). Prints one table row per run (mean held-out reward
+before -> after, the paired change with its standard error); each run's folder keeps its model and ``result.json``
+(a rerun reuses it).
 """
 
 import argparse
@@ -63,25 +64,32 @@ def train(start: str, out: Path, algo: str, args, control: bool) -> None:
     train_rl.main(run)
 
 
-def painting_tokenizer(folder: Path, steps: int, lr: float = 2e-3) -> str:
-    """A tiny MAGVIT-v2 fit as an autoencoder on the pictures of the training questions (each distinct one), saved
-    in ``folder`` (reused when there); its absolute path."""
+def painting_tokenizer(folder: Path, steps: int, lr: float = 1e-3) -> str:
+    """A tiny MAGVIT-v2 that paints flat colours, saved in ``folder`` (reused when there); its absolute path. Fit as an
+    autoencoder (mean squared error, straight-through signs) on random 64-px pictures of the task's six colours: 4 x 4
+    cells of 16 px (one code each) or 2 x 2 blocks of them, never the task's own pictures; 8 GroupNorm groups (four
+    channels a group, as the released tokenizer's 128 / 32: with one channel a group every normalisation removes a
+    flat region's colour). Prints the colours reward of its reconstructions of the task's training pictures."""
+    from dataclasses import replace
+
     import torch
     import torch.nn.functional as F
 
-    from dare.data.images import load_image
-    from dare.data.tasks import make_task
     from dare.models.magvit import MAGVITv2, tiny_config
-    from dare.models.readers import square
+    from dare.rewards.pictures import PALETTE
 
     if not (folder / "model.safetensors").exists():
-        pictures = {r["prompt"][-1]["content"]: r["extra_info"]["solution"] for r in make_task("colours", 1000, 0)}
-        pixels = torch.stack([square(load_image(p), 64) for p in pictures.values()])
+        colours = torch.tensor(list(PALETTE.values()), dtype=torch.float32) / 127.5 - 1
+        generator = torch.Generator().manual_seed(0)
         torch.manual_seed(0)
-        model = MAGVITv2(tiny_config())
+        model = MAGVITv2(replace(tiny_config(), groups=8))
         optimiser = torch.optim.Adam(model.parameters(), lr=lr)
         for step in range(steps):
-            batch = pixels[torch.randint(0, len(pixels), (16,))]
+            cells = torch.randint(0, len(colours), (16, 4, 4), generator=generator)
+            blocks = torch.randint(0, len(colours), (16, 2, 2), generator=generator).repeat_interleave(2, 1)
+            cells = torch.where(torch.rand(16, 1, 1, generator=generator) < 0.5,
+                                blocks.repeat_interleave(2, 2), cells)
+            batch = colours[cells].permute(0, 3, 1, 2).repeat_interleave(16, 2).repeat_interleave(16, 3)
             z = model.encoder(batch)
             signs = torch.sign(z).detach()
             loss = F.mse_loss(model.decoder(z + (signs - z).detach()), batch) + 0.1 * F.mse_loss(z, signs)
@@ -91,7 +99,29 @@ def painting_tokenizer(folder: Path, steps: int, lr: float = 2e-3) -> str:
             if step % 100 == 0 or step == steps - 1:
                 print(f"tokenizer step {step}: loss {loss.item():.4f}", flush=True)
         model.eval().save(str(folder))
+    print(f"tokenizer: its reconstructions of the task's training pictures score {repainted(folder):.3f} (colours)")
     return str(folder.resolve())
+
+
+def repainted(folder: Path) -> float:
+    """The mean colours reward of the tokenizer's reconstructions of the distinct training questions' pictures."""
+    import torch
+    from PIL import Image
+
+    from dare.data.images import data_uri, load_image, png
+    from dare.data.tasks import make_task
+    from dare.models.magvit import MAGVITv2
+    from dare.models.readers import square
+    from dare.rewards import get_reward
+
+    rows = {r["prompt"][-1]["content"]: r for r in make_task("colours", 1000, 0)}.values()
+    tokenizer, reward = MAGVITv2.from_folder(str(folder)), get_reward("colours")
+    pixels = tokenizer.picture(tokenizer.codes(torch.stack([square(load_image(r["extra_info"]["solution"]), 64)
+                                                           for r in rows])))
+    pictures = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    scores = [reward(data_uri(png(Image.fromarray(p))), r["reward_model"]["ground_truth"]).score
+              for p, r in zip(pictures, rows, strict=True)]
+    return statistics.fmean(scores)
 
 
 def drawing_sft(start: str, out: Path, args) -> None:
