@@ -106,21 +106,19 @@ def painting_tokenizer(folder: Path, steps: int, lr: float = 1e-3) -> str:
 def repainted(folder: Path) -> float:
     """The mean colours reward of the tokenizer's reconstructions of the distinct training questions' pictures."""
     import torch
-    from PIL import Image
 
     from dare.data.images import data_uri, load_image, png
     from dare.data.tasks import make_task
     from dare.models.magvit import MAGVITv2
-    from dare.models.readers import square
+    from dare.models.readers import painted, square
     from dare.rewards import get_reward
 
     rows = {r["prompt"][-1]["content"]: r for r in make_task("colours", 1000, 0)}.values()
     tokenizer, reward = MAGVITv2.from_folder(str(folder)), get_reward("colours")
     pixels = tokenizer.picture(tokenizer.codes(torch.stack([square(load_image(r["extra_info"]["solution"]), 64)
                                                            for r in rows])))
-    pictures = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    scores = [reward(data_uri(png(Image.fromarray(p))), r["reward_model"]["ground_truth"]).score
-              for p, r in zip(pictures, rows, strict=True)]
+    scores = [reward(data_uri(png(p)), r["reward_model"]["ground_truth"]).score
+              for p, r in zip(painted(pixels), rows, strict=True)]
     return statistics.fmean(scores)
 
 

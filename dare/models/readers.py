@@ -193,13 +193,17 @@ class PictureTokens:
         return Codebook(model, int(codebook[0]), int(codebook[1]))
 
     def pictures_of(self, codes: torch.Tensor) -> list:
-        """PIL pictures of codes ``[N, num_vq_tokens]`` (MAGVIT-v2's decoder; [-1, 1] -> 0..255, truncated)."""
-        from PIL import Image
-
+        """PIL pictures of codes ``[N, num_vq_tokens]`` (MAGVIT-v2's decoder, then ``painted``)."""
         with torch.no_grad():
-            pixels = self.tokenizer.picture(codes.clamp(0, self.config.codebook_size - 1).cpu())
-        pixels = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()  # MMaDA's cast
-        return [Image.fromarray(p) for p in pixels]
+            return painted(self.tokenizer.picture(codes.clamp(0, self.config.codebook_size - 1).cpu()))
+
+
+def painted(pixels: torch.Tensor) -> list:
+    """PIL pictures of decoded pixels ``[N, 3, S, S]`` in about [-1, 1] (-> 0..255, truncated: MMaDA's cast)."""
+    from PIL import Image
+
+    pixels = (((pixels + 1) / 2).clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return [Image.fromarray(p) for p in pixels]
 
 
 OUTSIDE = -1e4  # the logit of a row outside a drawing's codebook
