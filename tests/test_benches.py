@@ -85,7 +85,7 @@ def test_standin_recipe_trains_and_benches(path, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| standin |")]
-    # bench_sampling.BLOCK_METHODS, CAUSAL_METHODS, MASKED_METHODS
+    # _sampling_jobs.BLOCK_METHODS, CAUSAL_METHODS, MASKED_METHODS
     assert len(rows) == {"sdar": 4, "nemotron_diffusion": 5}.get(path.stem, 8), out.stdout
     assert all(re.search(r"\| [\d.]+% \| [\d.]+ \|$", row) for row in rows), rows  # quality, wall seconds
     assert "trained (" in out.stdout and "held-out task:cycle questions" in out.stdout
