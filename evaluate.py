@@ -163,6 +163,8 @@ def check_modes(args: Args) -> None:
 
 
 def main(args: Args):
+    if not args.model and not args.compare:  # before the imports: torch and transformers take seconds
+        raise ValueError("--model is required (a hub name, a local folder or tiny:<family>)")
     from dare.eval import report
     from dare.models import pictures
     from dare.models.loading import check_attention, load_config, load_weights, max_positions
@@ -172,8 +174,6 @@ def main(args: Args):
     if args.compare:
         print(report.compare(args.compare, args.plot))
         return
-    if not args.model:
-        raise ValueError("--model is required (a hub name, a local folder or tiny:<family>)")
     kind = get_engine(args.engine)
     protocol = get_protocol(args.protocol)
     if args.bench:

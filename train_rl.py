@@ -164,6 +164,8 @@ def online(args: Args, config, tokenizer, family) -> partial:
     if reader is not None and (args.pack or args.sequence_parallel > 1 or engine.name != "hf" or algo.needs_value):
         raise ValueError(f"{family.name} reads pictures: pack, sequence_parallel > 1, a value model and rollout "
                          "engines other than hf do not take them yet: unset them")
+    check_decoding(engine, algo.rollout_sampling(family, args.rollout), family, "rollout", 0, positions,
+                   engine_options(args, engine.name))  # the decoding's own errors before the data loads
     train, longest = fitting_prompts(tokenizer, args.data.path, args.data.split, args.data, args.data.limit, reader)
     evaluation, longest_eval = (fitting_prompts(tokenizer, args.data.eval_path, args.data.eval_split, args.data,
                                                 args.data.eval_limit, reader) if args.data.eval_path else (None, 0))

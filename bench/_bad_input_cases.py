@@ -161,4 +161,6 @@ CASES = [
     ("x30_sft_task_without_keys", raw("train_sft.py", "--model tiny:llada --data.path task:sum4 --data.limit 8 "
                                       "--data.max-length 96 --max-steps 1 --output-dir {R}"), 0, None,
      {"creates": "{R}/model.safetensors"}),
+    ("x31_rl_unknown_flag", rl("--lr 1e-5"), 2, "--lr .*--learning-rate"),
+    ("x32_eval_unknown_flag", evb("--benchmarks gsm8k"), 2, "--benchmarks .*--bench"),
 ]

@@ -173,9 +173,61 @@ def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[s
     if groups and not {"-h", "--help"}.isdisjoint(rest):
         print(short_help(default, groups, prefixes=tyro.conf.OmitArgPrefixes not in config, pages=pages))
         sys.exit(0)
+    check_flags(rest, default, prefixes=tyro.conf.OmitArgPrefixes not in config)
     rest = ["--help" if a == "--help-full" else a for a in rest]
     return tyro.cli(cls, args=rest, default=default, config=config,
                     description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")
+
+
+# Flags other tools name differently (Hugging Face, TRL, torchrun habits) -> DARE's flag, offered when one is unknown.
+FLAG_HABITS = {
+    "lr": "learning-rate", "model-name-or-path": "model", "model-path": "model", "epochs": "num-train-epochs",
+    "num-epochs": "num-train-epochs", "steps": "max-steps", "out": "output-dir", "output": "output-dir",
+    "dataset": "data.path", "data": "data.path", "data-path": "data.path", "batch-size": "micro-batch-size",
+    "per-device-train-batch-size": "micro-batch-size", "bf16": "dtype", "fp16": "dtype", "lora-r": "lora.rank",
+    "lora-rank": "lora.rank", "max-length": "data.max-length", "gen-length": "rollout.gen-length",
+    "temperature": "rollout.temperature", "num-samples": "samples", "benchmark": "bench", "benchmarks": "bench"}
+
+
+def flag_names(owner, prefix: str = "", prefixes: bool = True) -> set[str]:
+    """Every flag tyro makes of the dataclass ``owner`` (without ``--``, hyphens for underscores): sections' fields
+    under their section's name (``prefixes=False``: bare), aliases, and ``no-X`` for a boolean ``X``."""
+    names = set()
+    hints = typing.get_type_hints(type(owner), include_extras=True)
+    for f in dataclasses.fields(owner):
+        value = getattr(owner, f.name)
+        if dataclasses.is_dataclass(value):
+            names |= flag_names(value, f"{prefix}{f.name}." if prefixes else "", prefixes)
+            continue
+        name = f"{prefix}{f.name}".replace("_", "-")
+        kind = hints.get(f.name)
+        names |= {name, *(a.lstrip("-").replace("_", "-") for m in getattr(kind, "__metadata__", ())
+                          for a in getattr(m, "aliases", None) or ())}
+        while typing.get_origin(kind) is typing.Annotated:
+            kind = typing.get_args(kind)[0]
+        if kind is bool:
+            names.add(f"{prefix}no-{f.name}".replace("_", "-") if prefixes or not prefix else f"no-{name}")
+    return names
+
+
+def check_flags(argv: list[str], args, prefixes: bool = True) -> None:
+    """Refuse a flag the script does not have in one line, with the nearest flags it does have (tyro would print a
+    box), before anything heavy loads."""
+    import difflib
+    known = flag_names(args, prefixes=prefixes) | {"help", "help-full"}
+    for token in argv:
+        if not token.startswith("--") or token == "--":
+            continue
+        flag = token[2:].split("=", 1)[0].replace("_", "-")
+        if flag in known:
+            continue
+        habit = FLAG_HABITS.get(flag)
+        near = {g: difflib.SequenceMatcher(None, flag, g).ratio() for g in known}
+        best = max(near.values())
+        guesses = ([habit] if habit in known else []) + sorted(
+            (g for g, r in near.items() if r >= max(0.6, best - 0.1) and g != habit), key=lambda g: -near[g])
+        hint = f" (did you mean {' or '.join('--' + g for g in guesses[:3])}?)" if guesses else ""
+        raise ValueError(f"unknown flag --{flag}{hint}; every flag: --help")
 
 
 def short_help(args, groups: dict[str, str], prefixes: bool = True, pages: str = "docs/training.md") -> str:

@@ -173,7 +173,7 @@ def test_public_dataset_errors_name_the_flag(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main \(split train\) could not be loaded "
                                       r"\(ConnectionError: .*\); with a local copy "
-                                      r"\(gsm8k_1.parquet/gsm8k_train.parquet\) give its folder as --data.local-dir"):
+                                      r"\(gsm8k_1.parquet/gsm8k_train.parquet\) give its folder as --data-dir"):
         load_rows("openai/gsm8k:main", "train")
     monkeypatch.setattr(hub, "reachable", lambda: False)  # no network: offline mode, and the name is not cached
     with pytest.raises(OSError, match=r"hub dataset openai/gsm8k:main: not in the local hub cache .* cannot be "

@@ -172,12 +172,41 @@ def test_help_is_grouped_short_and_loses_no_flag(argv):
     assert len(lines) <= 200 and max(map(len, lines)) <= 200
     flags = lambda text: {f.replace("--no-", "--").replace(".no-", ".")  # a switch's negation: the same flag
                           for f in re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", text)}
-    declared = "\n".join(line[2:].split("  ")[0] for line in full.splitlines() if line.startswith("│ --"))
+    declared = "\n".join(cell[1:].split("  ")[0] for line in full.splitlines() for cell in line.split("│")
+                          if cell.startswith(" --"))  # tyro prints its boxes side by side on a wide terminal
     assert flags(declared) - {"--help"} <= flags(short), flags(declared) - flags(short)
     assert "\nother:" not in short
     if "train_rl.py" in argv:
         first = next(line for line in lines if line.startswith("  --"))
         assert first.startswith("  --algo {") and lines[lines.index(first) + 1].startswith("  --algo-config.")
+
+
+@pytest.mark.parametrize("argv", [["train_rl.py", "--algo", "cj-grpo"], ["train_rl.py", "--algo", "vrpo"],
+                                  ["train_sft.py"], ["evaluate.py"]], ids=lambda a: " ".join(a))
+def test_unknown_flags_are_refused_in_one_line_and_known_ones_pass(argv):
+    """The flag check before tyro knows exactly tyro's flags (--help-full's, negations and aliases included), so it
+    refuses no real flag and lets no typo reach tyro's box; a typo gets one line naming the nearest flag."""
+    import re
+
+    import evaluate
+    import train_sft
+    from dare.config import flag_names
+    full = subprocess.run([sys.executable, *argv, "--help-full"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"}).stdout
+    declared = "\n".join(cell[1:].split("  ")[0] for line in full.splitlines() for cell in line.split("│")
+                          if cell.startswith(" --"))
+    tyro_flags = {f[2:] for f in re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", declared)} - {"help"}
+    args = (train_rl.args_class(argv[2])() if argv[0] == "train_rl.py" else
+            train_sft.Args() if argv[0] == "train_sft.py" else evaluate.Args())
+    ours = flag_names(args, prefixes=argv[0] != "evaluate.py")
+    assert tyro_flags == ours, (tyro_flags - ours, ours - tyro_flags)
+    typo = {"train_rl.py": ("--lr", "--learning-rate"), "train_sft.py": ("--max_step", "--max-steps"),
+            "evaluate.py": ("--limt", "--limit")}[argv[0]]
+    result = subprocess.run([sys.executable, *argv, typo[0], "1"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and "╭" not in result.stderr, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"error: unknown flag {typo[0].replace('_', '-')} (did you mean {typo[1]}"), first
 
 
 def test_clear_errors_for_bad_input(data, tmp_path):

@@ -82,7 +82,7 @@ def _chartqa(r):
     return {**_row("chartqa", f"{IMAGE}\n{r['query']}", truth), "images": [_picture(r["image"])]}
 
 
-LOCAL_FLAGS = "--data.local-dir (evaluate.py: --data-dir)"
+LOCAL_FLAGS = "--data-dir"  # every script takes it (train_rl.py and train_sft.py: also --data.local-dir)
 
 
 @dataclass(frozen=True)
