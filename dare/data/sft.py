@@ -2,8 +2,7 @@
 
 Each example becomes ``prompt_ids + response_ids + turn terminator + EOS`` (the family's chat template renders the
 prompt with the generation prompt; e.g. LLaDA: ``... <|eot_id|><|endoftext|>``), then the collator right-pads with
-EOS. [DEVIATION] DARE appends only ``eos_token`` to the response (no turn terminator), so its models never learn to
-close the turn the way the chat template expects; we follow the chat format of the upstream models.
+EOS, so a model learns to close its turn as the chat template expects (the upstream models' chat format).
 
 Packing (``pack=True``): the collator places the examples of each micro-batch, in order, each into the first row with
 room (first fit; an example is never split), in rows of at most ``max_length`` tokens (padded to ``max_length``, or
