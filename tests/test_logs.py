@@ -135,6 +135,24 @@ def test_the_end_of_a_run_says_what_it_produced(data, tmp_path, capsys):  # noqa
     assert [h["step"] for h in history if "loss" in h] == [1, 2]
 
 
+def test_the_start_of_a_run_says_what_it_will_do(data, tmp_path, capsys):  # noqa: F811
+    """The first lines name the model's family and size (and how much of it trains: a LoRA run trains its adapters
+    alone), the steps, the rate, the folder, and one step's work; each number is the run's own."""
+    trainer = train_rl.main(rl_args(data, tmp_path, lora__rank=4, export_merged=False))
+    out = capsys.readouterr().out
+    total = sum(p.numel() for p in trainer.model.parameters())
+    trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    assert 0 < trained < total / 2
+    rows = len(Path(data[0]).read_text().splitlines())
+    assert (f"start: a llada model of {total / 1e6:.2f}M parameters ({trained / 1e6:.2f}M trained), 2 steps at lr "
+            f"0.001, saved to {tmp_path}\n  a step: d1, 2 prompts x 4 completions of up to 8 tokens; {rows} "
+            "training rows\n") in out, out
+    train_sft.main(train_sft.Args(model="tiny:llada", output_dir=str(tmp_path / "sft"), max_steps=1,
+                                  per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                                  data=train_sft.SFTDataConfig(path="task:sum4", max_length=96, limit=40)))
+    assert "\n  a step: 6 examples; 40 training rows\n" in capsys.readouterr().out
+
+
 def test_full_console_keeps_the_dict(data, tmp_path, capsys):  # noqa: F811
     train_rl.main(rl_args(data, tmp_path, max_steps=2, console="full", data__eval_path=None))
     assert capsys.readouterr().out.count("{'loss'") == 2

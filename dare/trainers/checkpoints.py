@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..lora import export_merged
-from .logs import plot_curves, run_summary
+from .logs import plot_curves, run_plan, run_summary
 
 COMPLETE = "COMPLETE"
 SETTINGS = "dare_settings.json"
@@ -255,6 +255,8 @@ def fit(trainer, checkpoint: str | None = None, merged_dir: str | None = None, s
         print(f"--resume: {checkpoint} is the last step of this run; exporting it, training nothing")
         trainer._load_from_checkpoint(checkpoint)
     else:
+        if trainer.is_world_process_zero():
+            print(run_plan(trainer), flush=True)
         trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
     if trainer.args.should_save:

@@ -278,6 +278,22 @@ def plot_curves(history: list[dict], path: str | Path) -> bool:
     return True
 
 
+def run_plan(trainer) -> str:
+    """What a run is about to do, printed as it starts: the model and how much of it trains, the steps and the rate,
+    where it saves, and one step's work (the trainer's ``step_plan``, else its examples per step)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in trainer.model.parameters()]  # ZeRO-3: whole
+    total, trained = sum(n for n, _ in sizes), sum(n for n, grad in sizes if grad)
+    args, family = trainer.args, getattr(trainer, "family", None)
+    steps = (f"{args.max_steps} step{'s' * (args.max_steps != 1)}" if args.max_steps > 0
+             else f"{args.num_train_epochs:g} epochs")
+    model = f"{family.name} model" if family is not None else "model"
+    step = trainer.step_plan() if hasattr(trainer, "step_plan") else (
+        f"{args.per_device_train_batch_size * args.gradient_accumulation_steps * trainer.data_parallel[1]} examples")
+    rows = len(trainer.train_dataset)
+    return (f"start: a {model} of {total / 1e6:.2f}M parameters ({trained / 1e6:.2f}M trained), {steps} at lr "
+            f"{args.learning_rate:g}, saved to {args.output_dir}\n  a step: {step}; {rows} training rows")
+
+
 def run_summary(output_dir: str, history: list[dict], merged_dir: str | None, curves: bool) -> str:
     """What a finished run produced: where its model, logs and curves are, and its last logged numbers."""
     out = Path(output_dir)

@@ -44,6 +44,12 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
         self.ref_model = None if hasattr(model, "disable_adapter") else frozen_copy(self)
         self._meters = defaultdict(lambda: [0.0, 0.0])
 
+    def step_plan(self) -> str:
+        """One step's work, for the line a run starts with (``run_plan``)."""
+        args = self.args
+        pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.data_parallel[1]
+        return f"{self.algorithm.name}, {pairs} preference pairs"
+
     def _get_train_sampler(self, train_dataset=None):
         pairs_per_step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
         return RepeatSampler(len(self.train_dataset), pairs_per_step * self.data_parallel[1], 1, self.args.seed)

@@ -134,6 +134,12 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
         self.rollouts = get_rollout_mode(rollout_mode)(self)
 
     # -- data ---------------------------------------------------------------------------------------------------
+    def step_plan(self) -> str:
+        """One step's work, for the line a run starts with (``run_plan``)."""
+        prompts = self.args.per_device_train_batch_size * self.data_parallel[1]
+        return (f"{self.algorithm.name}, {prompts} prompts x {self.num_generations} completions of up to "
+                f"{self.sampling.gen_length} tokens")
+
     def _get_train_sampler(self, train_dataset=None):
         repeat = self.args.gradient_accumulation_steps * self.algorithm.cycle
         return RepeatSampler(len(self.train_dataset), self.args.per_device_train_batch_size * self.data_parallel[1],
