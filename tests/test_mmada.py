@@ -343,7 +343,7 @@ def test_a_drawing_is_scored_over_the_codebooks_rows_at_every_columns_position()
     assert not torch.allclose(plain, shifted, atol=1e-4)  # the positions matter: the prompt is padded
 
 
-def test_rl_trains_a_drawing_model_on_the_drawing_task(tmp_path, monkeypatch):
+def test_rl_trains_a_drawing_model_on_the_drawing_task(tmp_path, monkeypatch, capsys):
     """train_rl.py on task:colours with tiny:mmada: d1 and MaskGRPO roll out drawings with MaskGIT, score them with
     the colours reward, and train through the codebook's reading (its forward runs in old, reference and policy
     scoring); the rollout's codes fill the completion; an algorithm that replays the masked sampler's steps and a text
@@ -377,6 +377,7 @@ def test_rl_trains_a_drawing_model_on_the_drawing_task(tmp_path, monkeypatch):
         completions = (tmp_path / algo / "completions.jsonl").read_text()
         assert completions.count("data:image/png;base64,") >= 2  # a few logged completions a step
     assert len(calls) >= 8
+    assert "  a step: maskgrpo, 2 prompts x 4 drawings; 16 training rows\n" in capsys.readouterr().out  # not tokens
     with pytest.raises(ValueError, match="tracerl replays the masked sampler's steps"):
         train_rl.main(run("tracerl", "tracerl"))
     with pytest.raises(ValueError, match="draws none"):

@@ -30,7 +30,7 @@ from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from transformers import Trainer
 
-from ..data.images import number_pictures, pictured_prompt, used_pictures
+from ..data.images import is_drawing, number_pictures, pictured_prompt, used_pictures
 from ..engines import InProcessEngine
 from ..engines.base import Rollout, decode_completions
 from ..rewards.base import RewardResult
@@ -137,8 +137,9 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
     def step_plan(self) -> str:
         """One step's work, for the line a run starts with (``run_plan``)."""
         prompts = self.args.per_device_train_batch_size * self.data_parallel[1]
-        return (f"{self.algorithm.name}, {prompts} prompts x {self.num_generations} completions of up to "
-                f"{self.sampling.gen_length} tokens")
+        drawings = all(map(is_drawing, self.train_dataset))  # MaskGIT draws the picture's codes, not gen_length
+        what = "drawings" if drawings else f"completions of up to {self.sampling.gen_length} tokens"
+        return f"{self.algorithm.name}, {prompts} prompts x {self.num_generations} {what}"
 
     def _get_train_sampler(self, train_dataset=None):
         repeat = self.args.gradient_accumulation_steps * self.algorithm.cycle
