@@ -13,6 +13,7 @@ float), or refused naming the key.
 import argparse
 import atexit
 import dataclasses
+import inspect
 import os
 import shutil
 import sys
@@ -175,8 +176,9 @@ def parse(cls, argv: list[str] | None = None, config: tuple = (), groups: dict[s
         sys.exit(0)
     check_flags(rest, default, prefixes=tyro.conf.OmitArgPrefixes not in config)
     rest = ["--help" if a == "--help-full" else a for a in rest]
+    doc = "" if (cls.__doc__ or "").startswith(f"{cls.__name__}(") else inspect.cleandoc(cls.__doc__ or "")
     return tyro.cli(cls, args=rest, default=default, config=config,
-                    description=(cls.__doc__ or "") + "\n\n--config FILE: a YAML recipe that sets the defaults.")
+                    description=doc + "\n\n--config FILE: a YAML recipe that sets the defaults.")
 
 
 # Flags other tools name differently (Hugging Face, TRL, torchrun habits) -> DARE's flag, offered when one is unknown.

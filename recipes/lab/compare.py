@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import tyro
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
@@ -46,6 +45,7 @@ from lab_report import ForwardCounter, PeakMemory, plot, summarise, table  # noq
 from lab_starts import NOT_LEARNABLE, answer_length, check_signal, measure, sft_start, start_measure  # noqa: E402
 
 import train_rl  # noqa: E402
+from dare.config import parse, run  # noqa: E402
 from dare.data.tasks import write_task  # noqa: E402
 from dare.eval.lab import mistake_pairs, paired  # noqa: E402
 
@@ -232,4 +232,4 @@ def main(lab: Lab) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Lab))
+    run(main, lambda: parse(Lab))
