@@ -272,3 +272,20 @@ def test_rl_prompts_take_trls_columns_with_no_key_flags(column, tmp_path):
     path.write_text(json.dumps({"prompt": "2+2?", "final": "4"}) + "\n")
     with pytest.raises(ValueError, match=r"rl.jsonl: no ground-truth column among \['final', 'prompt'\]"):
         prompt_rows(str(path), "train", RLDataConfig())
+
+
+def test_left_pad_equals_trls_pad():
+    """dare.data.chat.left_pad (the prompts of every engine, without importing trl) is trl's ``pad`` with
+    ``padding_side="left"``: the ids right-aligned after ``pad_id`` and a mask of 1 on each real token."""
+    import random
+
+    from trl.trainer.utils import pad
+
+    from dare.data.chat import left_pad
+    rng = random.Random(0)
+    for _ in range(50):
+        rows = [[rng.randrange(100) for _ in range(rng.randrange(1, 9))] for _ in range(rng.randrange(1, 6))]
+        ids, mask = left_pad(rows, 7)
+        assert torch.equal(ids, pad([torch.tensor(r) for r in rows], 7, padding_side="left"))
+        assert torch.equal(mask, pad([torch.ones(len(r), dtype=torch.long) for r in rows], 0, padding_side="left"))
+    assert left_pad([[5, 6], [9]], 0)[0].tolist() == [[5, 6], [0, 9]]

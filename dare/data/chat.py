@@ -16,9 +16,13 @@ def encode(tokenizer, prompts: list) -> list[list[int]]:
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists as a left-padded ``[N, longest]`` batch and its attention mask."""
-    from trl.trainer.utils import pad  # here, not at the top: --help imports this module and trl takes seconds
-
-    ids = pad([torch.tensor(r, dtype=torch.long) for r in rows], pad_id, padding_side="left")
-    mask = pad([torch.ones(len(r), dtype=torch.long) for r in rows], 0, padding_side="left")
+    """Token-id lists as a left-padded ``[N, longest]`` batch and its attention mask (trl's ``pad`` did this, but
+    importing trl costs seconds that evaluate.py and the chat would spend on every start)."""
+    longest = max(map(len, rows), default=0)
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, longest - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, longest - len(row):] = 1
     return ids, mask
