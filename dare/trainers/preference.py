@@ -46,9 +46,7 @@ class PreferenceTrainer(TrainerLogs, CompleteCheckpoints, ShardedTraining, Train
 
     def step_plan(self) -> str:
         """One step's work, for the line a run starts with (``run_plan``)."""
-        args = self.args
-        pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.data_parallel[1]
-        return f"{self.algorithm.name}, {pairs} preference pairs"
+        return f"{self.algorithm.name}, {self._get_train_sampler().prompts_per_step} preference pairs"
 
     def _get_train_sampler(self, train_dataset=None):
         pairs_per_step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps

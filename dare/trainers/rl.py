@@ -136,7 +136,7 @@ class DiffusionRLTrainer(TrainerLogs, ValueModelTraining, CompleteCheckpoints, S
     # -- data ---------------------------------------------------------------------------------------------------
     def step_plan(self) -> str:
         """One step's work, for the line a run starts with (``run_plan``)."""
-        prompts = self.args.per_device_train_batch_size * self.data_parallel[1]
+        prompts = self._get_train_sampler().prompts_per_step
         drawings = all(map(is_drawing, self.train_dataset))  # MaskGIT draws the picture's codes, not gen_length
         what = "drawings" if drawings else f"completions of up to {self.sampling.gen_length} tokens"
         return f"{self.algorithm.name}, {prompts} prompts x {self.num_generations} {what}"
