@@ -169,7 +169,8 @@ def run_benchmark(engine, bench: str, rows: list[dict], indices: list[int], samp
     repair(out)
     todo = [b for b in batches if any((i, k) not in done for i in b for k in range(samples))]
     decoded = dict.fromkeys(("decoded", *SPEED), 0)
-    bar = tqdm(total=sum(map(len, todo)) * samples, desc=f"{bench} (rank {rank})", disable=not progress)
+    desc = f"{bench} (rank {rank})" if rank else bench  # another machine's first process says which it is
+    bar = tqdm(total=sum(map(len, todo)) * samples, desc=desc, disable=not progress)
     for batch in todo:
         rollout = engine.generate([pictured_prompt(rows[i]) for i in batch], samples, config, seed=seed + batch[0])
         expanded = [rows[i] for i in batch for _ in range(samples)]
