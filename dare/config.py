@@ -208,7 +208,7 @@ def flag_names(owner, prefix: str = "", prefixes: bool = True) -> set[str]:
         while typing.get_origin(kind) is typing.Annotated:
             kind = typing.get_args(kind)[0]
         if kind is bool:
-            names.add(f"{prefix}no-{f.name}".replace("_", "-") if prefixes or not prefix else f"no-{name}")
+            names.add(f"{prefix}no-{f.name}".replace("_", "-"))  # tyro: --section.no-flag
     return names
 
 
