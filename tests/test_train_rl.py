@@ -159,6 +159,13 @@ def test_help_lists_the_algorithm_knobs():
         assert flag in result.stdout, flag  # the enumerated knobs show their choices
 
 
+def declared_flags(full: str) -> str:
+    """The flag column of tyro's ``--help-full``: every box's cells, as tyro prints boxes side by side on a wide
+    terminal."""
+    return "\n".join(cell[1:].split("  ")[0] for line in full.splitlines() for cell in line.split("│")
+                     if cell.startswith(" --"))
+
+
 @pytest.mark.parametrize("argv", [["train_rl.py", "--algo", "cj-grpo"], ["train_rl.py", "--algo", "vrpo"],
                                   ["train_sft.py"], ["evaluate.py"]], ids=lambda a: " ".join(a))
 def test_help_is_grouped_short_and_loses_no_flag(argv):
@@ -172,8 +179,7 @@ def test_help_is_grouped_short_and_loses_no_flag(argv):
     assert len(lines) <= 200 and max(map(len, lines)) <= 200
     flags = lambda text: {f.replace("--no-", "--").replace(".no-", ".")  # a switch's negation: the same flag
                           for f in re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", text)}
-    declared = "\n".join(cell[1:].split("  ")[0] for line in full.splitlines() for cell in line.split("│")
-                          if cell.startswith(" --"))  # tyro prints its boxes side by side on a wide terminal
+    declared = declared_flags(full)
     assert flags(declared) - {"--help"} <= flags(short), flags(declared) - flags(short)
     assert "\nother:" not in short
     if "train_rl.py" in argv:
@@ -193,8 +199,7 @@ def test_unknown_flags_are_refused_in_one_line_and_known_ones_pass(argv):
     from dare.config import flag_names
     full = subprocess.run([sys.executable, *argv, "--help-full"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "200"}).stdout
-    declared = "\n".join(cell[1:].split("  ")[0] for line in full.splitlines() for cell in line.split("│")
-                          if cell.startswith(" --"))
+    declared = declared_flags(full)
     tyro_flags = {f[2:] for f in re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", declared)} - {"help"}
     args = (train_rl.args_class(argv[2])() if argv[0] == "train_rl.py" else
             train_sft.Args() if argv[0] == "train_sft.py" else evaluate.Args())
