@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +141,15 @@ def test_every_mutation_of_the_mutation_check_still_applies():
     stale = [m.name for m in mutations if (ROOT / m.path).read_text().count(m.old) != 1]
     assert not stale, stale
     assert all((ROOT / t.split()[0].split("::")[0]).is_file() for m in mutations for t in m.tests)
+
+
+def test_the_painting_tokenizer_learns_to_paint_flat_colours(tmp_path):
+    """bench/draw_learns.py's tiny MAGVIT-v2, fit on random pictures of the six colours (never the task's), repaints the
+    task's training pictures far better than its random start: measured 0.427 after 60 steps against 0.161 unfit,
+    paired over the 59 pictures +0.266 ± 0.037; the threshold sits 3 standard errors above the unfit score (its
+    negative control) and 4 below the fit one."""
+    draw = load_script(ROOT / "bench" / "draw_learns.py", "dare_draw_learns")
+    unfit = draw.repainted(Path(draw.painting_tokenizer(tmp_path / "unfit", 0)))
+    fitted = draw.repainted(Path(draw.painting_tokenizer(tmp_path / "fitted", 60)))
+    print(f"repainted colours reward: unfit {unfit:.3f}, 60 steps {fitted:.3f} (threshold 0.27)")
+    assert unfit < 0.27 < fitted
