@@ -306,7 +306,8 @@ def test_the_engine_draws_rollouts_that_evaluation_scores(tmp_path):
     assert rollout.stopped(engine.family.stop_ids).all()  # a drawing is whole: never "unfinished" or truncated
     codes = rollout.completion_ids - 512
     shown = [picture_of(t) for t in rollout.texts]
-    assert [list(p.getdata()) for p in shown] == [list(p.getdata()) for p in pictures(model.config).pictures_of(codes)]
+    assert [p.get_flattened_data() for p in shown] == [
+        p.get_flattened_data() for p in pictures(model.config).pictures_of(codes)]
     again = engine.generate(prompts, 2, config, seed=0)
     assert torch.equal(again.completion_ids, rollout.completion_ids) and again.texts == rollout.texts
     assert engine.encode(prompts)[0] == rollout.prompt_ids[0].tolist()

@@ -65,7 +65,7 @@ def colours(completion: str, ground_truth: str, extra_info: dict | None = None) 
     for region, colour in regions(str(ground_truth)):
         x0, y0, x1, y1 = BOXES[region]
         box = picture.crop((round(x0 * width), round(y0 * height), round(x1 * width), round(y1 * height)))
-        found = nearest(box.getdata())
+        found = nearest(box.get_flattened_data())
         shares.append(found.count(colour) / max(len(found), 1))
     score = sum(shares) / len(shares)
     return RewardResult(score, float(min(shares) >= 0.5), f"{score:.2f}")
