@@ -201,15 +201,19 @@ def flag_names(owner, prefix: str = "", prefixes: bool = True) -> set[str]:
         if dataclasses.is_dataclass(value):
             names |= flag_names(value, f"{prefix}{f.name}." if prefixes else "", prefixes)
             continue
-        name = f"{prefix}{f.name}".replace("_", "-")
-        kind = hints.get(f.name)
-        names |= {name, *(a.lstrip("-").replace("_", "-") for m in getattr(kind, "__metadata__", ())
-                          for a in getattr(m, "aliases", None) or ())}
-        while typing.get_origin(kind) is typing.Annotated:
-            kind = typing.get_args(kind)[0]
+        aliases, kind = _aliases_and_type(hints.get(f.name))
+        names |= {f"{prefix}{f.name}".replace("_", "-"), *(a.lstrip("-").replace("_", "-") for a in aliases)}
         if kind is bool:
             names.add(f"{prefix}no-{f.name}".replace("_", "-"))  # tyro: --section.no-flag
     return names
+
+
+def _aliases_and_type(kind) -> tuple[list[str], object]:
+    """A field's ``--flag`` aliases (``tyro.conf.arg(aliases=...)``) and its type without ``Annotated``."""
+    aliases = [a for m in getattr(kind, "__metadata__", ()) for a in getattr(m, "aliases", None) or ()]
+    while typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    return aliases, kind
 
 
 def check_flags(argv: list[str], args, prefixes: bool = True) -> None:
@@ -262,9 +266,7 @@ def _flags(owner, name: str, prefix: str, prefixes: bool = True) -> list[tuple[s
         return [flag for f in dataclasses.fields(value) for flag in _flags(value, f.name, inner, prefixes)]
     kind = typing.get_type_hints(type(owner), include_extras=True).get(name)
     choices = choices_of(kind)
-    aliases = [a for m in getattr(kind, "__metadata__", ()) for a in getattr(m, "aliases", None) or ()]
-    while typing.get_origin(kind) is typing.Annotated:
-        kind = typing.get_args(kind)[0]
+    aliases, kind = _aliases_and_type(kind)
     if typing.get_origin(kind) is typing.Literal:
         choices = typing.get_args(kind)
     options = [a for a in typing.get_args(kind) if a is not type(None)]

@@ -3,8 +3,9 @@
 import warnings
 from dataclasses import dataclass
 
-# PEFT's own noise, nothing a user can act on: it reads transformers' deprecated alias when it wraps a model, and on
-# saving looks for the base's config.json by name, which a tiny:<family> model (built in memory) has none of
+# PEFT's and TRL's noise, nothing a user can act on: they read transformers' deprecated alias (PEFT when it wraps a
+# model, TRL in the RL trainer, which imports this module through the checkpoints), and PEFT on saving looks for the
+# base's config.json by name, which a tiny:<family> model (built in memory) has none of
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")
 warnings.filterwarnings("ignore", message="Could not find a config file in tiny:")
 

@@ -21,7 +21,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -41,8 +40,6 @@ from .reference import frozen_copy, reference
 from .rollout_modes import get_rollout_mode
 from .validation import eval_policy, generation_metrics
 from .value import ValueModelTraining
-
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated")  # raised inside trl
 
 
 def signal_groups(signal: list[bool], keep: int) -> tuple[list[int], int]:
